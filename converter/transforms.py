@@ -1,0 +1,157 @@
+"""Beam PTransforms: match TFRecord inputs and convert each to its own ArrayRecord file."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from converter import manifest as _manifest
+from converter import writer as _writer
+from converter.errors import CorruptRecordError
+from converter.manifest import RecordDigest
+from converter.options import ConvertOptions
+from converter.planning import ShardPlan, match_pattern, plan_shards
+from converter.tfrecord import TFRecordReader
+
+
+class MatchFiles(beam.PTransform):
+  """Expands glob patterns into file paths inside the pipeline.
+
+  Listing happens on the workers (so submitting a gs:// job needs no access
+  to the bucket); a pattern that matches nothing fails with its name.
+  """
+
+  def __init__(self, patterns: str | Iterable[str]):
+    super().__init__()
+    self._patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    if not self._patterns:
+      raise ValueError("MatchFiles needs at least one pattern.")
+
+  def expand(self, pbegin):
+    return (pbegin
+            | "Patterns" >> beam.Create(self._patterns)
+            | "Match" >> beam.FlatMap(match_pattern))
+
+
+class _PlanFn(beam.DoFn):
+  """Sees all input paths at once: names outputs, checks existing ones."""
+
+  def __init__(self, options: ConvertOptions):
+    self._options = options
+
+  def process(self, inputs: list[str]):
+    for plan in plan_shards(inputs, self._options):
+      yield plan
+
+
+class _ConvertShardFn(beam.DoFn):
+  """Streams one TFRecord file into one ArrayRecord file."""
+
+  def __init__(self, options: ConvertOptions):
+    self._options = options
+    self.records = Metrics.counter(self.__class__, "records")
+    self.bytes_in = Metrics.counter(self.__class__, "bytes_in")
+    self.bytes_out = Metrics.counter(self.__class__, "bytes_out")
+    self.files = Metrics.counter(self.__class__, "files")
+    self.files_kept = Metrics.counter(self.__class__, "files_kept_existing")
+    self.files_failed = Metrics.counter(self.__class__, "files_failed")
+    self.corrupt_skipped = Metrics.counter(self.__class__, "corrupt_records_skipped")
+
+  def process(self, plan: ShardPlan):
+    if plan.action == "keep":
+      self.files_kept.inc()
+      prev = plan.previous or {}
+      yield {**prev, "input": plan.input, "output": plan.output, "status": "existing"}
+      return
+    opts = self._options
+    reader = TFRecordReader(plan.input, compression=opts.compression, on_corrupt=opts.on_corrupt)
+    digest = RecordDigest()
+    update = digest.update
+    start = time.monotonic()
+    try:
+      with _writer.ArrayRecordShardWriter(plan.output, opts.writer_options) as w:
+        write = w.write
+        for record in reader:
+          write(record)
+          update(record)
+        bytes_out = w.commit()
+    except CorruptRecordError as e:
+      if opts.on_corrupt == "fail":
+        raise
+      # In 'skip' mode we only get here when the framing could not resync.
+      self.files_failed.inc()
+      self.corrupt_skipped.inc(reader.stats.skipped)
+      yield {"input": plan.input, "output": plan.output, "status": "failed", "error": str(e),
+             "records": None, "corrupt_records_skipped": reader.stats.skipped}
+      return
+    bytes_in = _writer.file_size(plan.input)
+    self.files.inc()
+    self.records.inc(digest.records)
+    self.bytes_in.inc(bytes_in)
+    self.bytes_out.inc(bytes_out)
+    self.corrupt_skipped.inc(reader.stats.skipped)
+    yield {
+        "input": plan.input,
+        "output": plan.output,
+        "status": "converted",
+        "records": digest.records,
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+        "record_bytes": reader.stats.bytes_records,
+        "digest": digest.hexdigest(),
+        "compression": reader.detected_compression,
+        "corrupt_records_skipped": reader.stats.skipped,
+        "seconds": round(time.monotonic() - start, 3),
+    }
+
+
+def _write_manifest(results: list[dict[str, Any]], options: ConvertOptions) -> str:
+  m = _manifest.build_manifest(results, writer_options=options.writer_options,
+                               output_dir=options.output_dir)
+  return _manifest.write_manifest(options.output_dir, m)
+
+
+class ConvertToArrayRecord(beam.PTransform):
+  """Converts each TFRecord file in a PCollection of paths to one ArrayRecord file.
+
+  Records keep their order; output names map `.tfrecord` to `.array_record`
+  (see converter.naming); the inputs' folder layout is kept under output_dir.
+  Each file is streamed by one DoFn call, so memory does not grow with shard
+  size. A manifest.json is written to output_dir at the end.
+
+  Returns:
+    A PCollection with one result dict per input shard (status, records,
+    bytes, digest).
+  """
+
+  def __init__(self, output_dir: str, *, writer_options: str = "group_size:1",
+               compression: str = "auto", on_corrupt: str = "fail",
+               existing: str = "error", suffix: str = "array_record",
+               input_root: str | None = None):
+    super().__init__()
+    self._options = ConvertOptions(
+        output_dir=output_dir, writer_options=writer_options, compression=compression,
+        on_corrupt=on_corrupt, existing=existing, suffix=suffix, input_root=input_root)
+
+  @property
+  def options(self) -> ConvertOptions:
+    return self._options
+
+  def expand(self, paths):
+    results = (paths
+               | "CollectInputs" >> beam.combiners.ToList()
+               | "PlanShards" >> beam.ParDo(_PlanFn(self._options))
+               | "Distribute" >> beam.Reshuffle()
+               | "ConvertShards" >> beam.ParDo(_ConvertShardFn(self._options)))
+    _ = (results
+         | "CollectResults" >> beam.combiners.ToList()
+         | "WriteManifest" >> beam.Map(_write_manifest, self._options))
+    return results
+
+  def display_data(self):
+    o = self._options
+    return {"output_dir": o.output_dir, "writer_options": o.writer_options,
+            "compression": o.compression, "on_corrupt": o.on_corrupt, "existing": o.existing}

@@ -1,0 +1,67 @@
+"""Flags shared by the converter CLIs (local, Dataflow, TFDS)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from converter import ConvertOptions, ConversionError
+from converter.tfrecord import COMPRESSIONS
+
+
+def add_converter_flags(parser: argparse.ArgumentParser, *, io: bool = True) -> None:
+  if io:
+    parser.add_argument("--input", action="append", required=True, metavar="PATTERN",
+                        help="TFRecord file or glob (local or gs://); repeatable.")
+    parser.add_argument("--output", required=True, metavar="DIR",
+                        help="Output directory for the ArrayRecord shards and manifest.json.")
+  parser.add_argument("--writer-options", "--writer_options", dest="writer_options",
+                      default="group_size:1",
+                      help="ArrayRecord writer options (default: %(default)s; group_size:1 "
+                      "is what random access / global shuffle needs).")
+  parser.add_argument("--compression", choices=COMPRESSIONS, default="auto",
+                      help="Input compression; 'auto' detects GZIP/ZLIB from the content.")
+  parser.add_argument("--on-corrupt", "--on_corrupt", dest="on_corrupt",
+                      choices=("fail", "skip"), default="fail",
+                      help="On a corrupt record: stop (fail) or drop it and count it (skip).")
+  group = parser.add_mutually_exclusive_group()
+  group.add_argument("--overwrite", action="store_true", help="Replace existing outputs.")
+  group.add_argument("--skip-existing", "--skip_existing", dest="skip_existing",
+                     action="store_true", help="Keep complete existing outputs (resume).")
+
+
+def converter_options(args: argparse.Namespace, output_dir: str | None = None) -> ConvertOptions:
+  existing = "overwrite" if args.overwrite else "skip" if args.skip_existing else "error"
+  return ConvertOptions(output_dir=output_dir or args.output, writer_options=args.writer_options,
+                        compression=args.compression, on_corrupt=args.on_corrupt,
+                        existing=existing)
+
+
+def fail(prog: str, message: str, code: int = 2) -> int:
+  print(f"{prog}: error: {message}", file=sys.stderr)
+  return code
+
+
+def user_error_from(exc: BaseException) -> str | None:
+  """Our own error message inside a runner's wrapped exception, if there is one."""
+  seen = set()
+  e: BaseException | None = exc
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, ConversionError):
+      return str(e)
+    e = e.__cause__ or e.__context__
+  text = str(exc)
+  for marker in (" is corrupt: ", " output file(s) already exist", "No files match the input pattern"):
+    i = text.find(marker)
+    if i >= 0:
+      # Runners wrap the message in their own text; cut out our sentence.
+      start = text.rfind("\n", 0, i) + 1
+      for prefix in ("CorruptRecordError: ", "OutputExistsError: ", "NoInputFilesError: "):
+        j = text.find(prefix, start, i)
+        if j >= 0:
+          start = j + len(prefix)
+      end = text.find("\n", i)
+      line = text[start:end if end >= 0 else None]
+      return line.split(" [while running")[0].strip()
+  return None

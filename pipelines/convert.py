@@ -1,0 +1,89 @@
+"""Convert TFRecord shards to matched ArrayRecord shards.
+
+  python -m pipelines.convert --input 'data/train.tfrecord-*' --output out/ \
+      [--writer-options group_size:1] [--compression auto] [--on-corrupt fail] \
+      [--overwrite | --skip-existing] [Beam flags, e.g. --direct_num_workers 2 \
+      --direct_running_mode multi_processing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Sequence
+
+import apache_beam as beam
+
+from converter import ConversionError, expand_patterns, plan_shards, read_manifest
+from pipelines import build, cli
+
+PROG = "arrayrecord-convert"
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog=PROG, description="Convert TFRecord shards to matched ArrayRecord shards "
+      "with Apache Beam (DirectRunner unless --runner says otherwise). Unknown flags "
+      "go to Beam.")
+  cli.add_converter_flags(p)
+  p.add_argument("--quiet", action="store_true", help="Print only the summary.")
+  return p
+
+
+def summarize(manifest: dict, seconds: float, output_dir: str) -> str:
+  t = manifest["totals"]
+  mb_in = t["bytes_in"] / 1e6
+  lines = [
+      f"Converted {t['converted']} file(s), kept {t['existing']} existing, failed {t['failed']}: "
+      f"{t['records']:,} records, {mb_in:.1f} MB in, {t['bytes_out'] / 1e6:.1f} MB out "
+      f"in {seconds:.1f} s ({mb_in / max(seconds, 1e-9):.1f} MB/s).",
+  ]
+  if t["corrupt_records_skipped"]:
+    lines.append(f"Skipped {t['corrupt_records_skipped']} corrupt record(s); see the manifest.")
+  for s in manifest["shards"]:
+    if s["status"] == "failed":
+      lines.append(f"FAILED {s['input']}: {s['error']}")
+  lines.append(f"Output: {output_dir} (manifest: {output_dir.rstrip('/')}/manifest.json)")
+  return "\n".join(lines)
+
+
+def run(argv: Sequence[str] | None = None) -> dict:
+  """Runs the conversion; returns the manifest. Raises on bad input."""
+  args, beam_args = _parser().parse_known_args(argv)
+  options = cli.converter_options(args)
+  files = expand_patterns(args.input)
+  plans = plan_shards(files, options)  # Checks outputs before any work starts.
+  todo = sum(p.action == "convert" for p in plans)
+  opts = build.pipeline_options(beam_args)
+  if not args.quiet:
+    print(f"Converting {todo} of {len(plans)} file(s) to {options.output_dir} "
+          f"(writer options {options.writer_options!r}, runner "
+          f"{opts.get_all_options()['runner']})...", flush=True)
+  start = time.monotonic()
+  with beam.Pipeline(options=opts) as p:
+    build.add_conversion(p, options, files=files)
+  manifest = read_manifest(options.output_dir)
+  manifest["_seconds"] = time.monotonic() - start
+  return manifest
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  logging.getLogger("apache_beam").setLevel(logging.ERROR)
+  try:
+    manifest = run(argv)
+  except (ConversionError, ValueError, TypeError) as e:
+    return cli.fail(PROG, str(e))
+  except Exception as e:  # pylint: disable=broad-except
+    msg = cli.user_error_from(e)
+    if msg is None:
+      raise
+    return cli.fail(PROG, msg, code=1)
+  seconds = manifest.pop("_seconds")
+  print(summarize(manifest, seconds, manifest["output_dir"]))
+  return 1 if manifest["totals"]["failed"] else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
