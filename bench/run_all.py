@@ -1,0 +1,126 @@
+"""Run every benchmark and write bench/README.md with tables and a chart.
+
+  python bench/run_all.py [--quick]
+
+Each benchmark runs its systems on the same data in one run and writes JSON
+to bench/results/; this script renders them. Absolute numbers depend on the
+machine; the ratios are what to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+
+# Quick mode: a smoke run that still exercises every system.
+BENCHES = {
+    "convert": (["convert.py"], ["--records", "5000"]),
+    "load": (["load.py"], ["--records", "5000"]),
+}
+
+
+def run_bench(name: str, quick: bool) -> dict:
+  script, quick_args = BENCHES[name]
+  out = os.path.join(RESULTS, f"{name}.json")
+  cmd = [sys.executable, os.path.join(HERE, *script), "--json", out] + (quick_args if quick else [])
+  print("$", " ".join(cmd), flush=True)
+  subprocess.run(cmd, check=True)
+  with open(out) as f:
+    return json.load(f)
+
+
+def _fmt(v) -> str:
+  if isinstance(v, float):
+    return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
+  if isinstance(v, int):
+    return f"{v:,}"
+  return "" if v is None else str(v)
+
+
+def table(rows: list[dict]) -> str:
+  keys: list[str] = []
+  for r in rows:
+    keys += [k for k in r if k not in keys and not isinstance(r[k], (dict, list))]
+  lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+  lines += ["| " + " | ".join(_fmt(r.get(k)) for k in keys) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def chart(results: dict[str, dict], path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4.5))
+  axes = [axes] if len(results) == 1 else list(axes)
+  for ax, (name, res) in zip(axes, results.items()):
+    rows = [r for r in res["rows"] if r.get("records_per_s")]
+    labels = [r["system"] for r in rows]
+    values = [r["records_per_s"] for r in rows]
+    colors = ["tab:blue" if r["system"].startswith(("ours", "loader", "arrayrecord-toolkit"))
+              else "tab:gray" for r in rows]
+    ax.barh(labels, values, color=colors)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel("records / s (log scale)")
+    ax.set_title(f"{name} ({res.get('cpu_count', '?')} cores)")
+    for y, v in enumerate(values):
+      ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def render(results: dict[str, dict]) -> str:
+  when = datetime.date.today().isoformat()
+  parts = [
+      "# Benchmarks",
+      "",
+      f"Made by `python bench/run_all.py` on {when}: {os.cpu_count()} cores, "
+      f"{platform.machine()}, Python {platform.python_version()}. Each table is one run "
+      "of every system on the same data; absolute times on a shared 2-core machine are "
+      "noisy, the ratios are what count.",
+      "",
+      "![throughput](throughput.png)",
+  ]
+  for name, res in results.items():
+    parts += ["", f"## {name}", ""]
+    if res.get("data"):
+      parts += ["Data: " + ", ".join(f"{k}={_fmt(v)}" for k, v in res["data"].items()), ""]
+    parts += [table(res["rows"]), ""]
+    if res.get("ratios"):
+      parts += ["Ratios:", ""] + [f"- {k}: **{_fmt(v)}**" for k, v in res["ratios"].items()] + [""]
+    if res.get("notes"):
+      parts += [f"- {n}" for n in res["notes"]] + [""]
+  return "\n".join(parts) + "\n"
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--quick", action="store_true", help="Small data, for a smoke run.")
+  p.add_argument("--only", choices=sorted(BENCHES), action="append")
+  p.add_argument("--render-only", action="store_true", help="Re-render from bench/results/*.json.")
+  args = p.parse_args(argv)
+  os.makedirs(RESULTS, exist_ok=True)
+  results = {}
+  for name in args.only or list(BENCHES):
+    if args.render_only:
+      with open(os.path.join(RESULTS, f"{name}.json")) as f:
+        results[name] = json.load(f)
+    else:
+      results[name] = run_bench(name, args.quick)
+  chart(results, os.path.join(HERE, "throughput.png"))
+  with open(os.path.join(HERE, "README.md"), "w") as f:
+    f.write(render(results))
+  print(f"Wrote {os.path.join(HERE, 'README.md')} and throughput.png")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
