@@ -119,8 +119,10 @@ def output_path(input_path: str, input_root: str, output_dir: str,
   """
   scheme, rest = split_uri(input_path)
   root_scheme, root = split_uri(input_root)
-  parent = posixpath.dirname(rest)
-  rel = posixpath.relpath(parent, root or "/") if scheme == root_scheme else None
+  # Relative inputs in the working directory have an empty dirname and root.
+  parent = posixpath.dirname(rest) or "."
+  default_root = "/" if rest.startswith("/") else "."
+  rel = posixpath.relpath(parent, root or default_root) if scheme == root_scheme else None
   if rel is None or rel.startswith(".."):
     raise ValueError(f"{input_path!r} is not under the input root {input_root!r}.")
   name = output_basename(posixpath.basename(rest), suffix)

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Iterable
 
 from converter import writer as _writer
 from converter.errors import ConversionError, NoInputFilesError, OutputExistsError
 from converter.manifest import MANIFEST_NAME, read_manifest
-from converter.naming import common_dir, output_path
+from converter.naming import common_dir, output_path, split_uri
 from converter.options import ConvertOptions
 
 
 def match_pattern(pattern: str) -> list[str]:
   """Files matching one glob (local or gs://), sorted; raises if none match."""
   from apache_beam.io.filesystems import FileSystems
+  # Beam's local glob lists nothing for a pattern without a directory part
+  # (`*.tfrecord`), so local patterns are matched as absolute paths.
+  query = os.path.abspath(pattern) if split_uri(pattern)[0] == "" else pattern
   try:
-    metadata = FileSystems.match([pattern])[0].metadata_list
+    metadata = FileSystems.match([query])[0].metadata_list
   except Exception as e:  # Beam raises BeamIOError for a missing directory.
     if "No files found" in str(e) or "not found" in str(e).lower():
       raise NoInputFilesError(pattern) from None

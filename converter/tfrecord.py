@@ -59,6 +59,7 @@ class _Decompressor:
   def __init__(self, raw: BinaryIO, first: bytes, kind: str):
     self._raw = raw
     self._pending = first
+    self._seen_input = bool(first)
     self._wbits = 31 if kind == "gzip" else 15
     self._d = zlib.decompressobj(self._wbits)
 
@@ -67,9 +68,12 @@ class _Decompressor:
     while True:
       data, self._pending = (self._pending or self._raw.read(_CHUNK)), b""
       if not data:
-        if not self._d.eof:
+        # An empty file holds no records (as in TensorFlow); a started stream
+        # must reach its end marker.
+        if self._seen_input and not self._d.eof:
           raise _Truncated()
         return self._d.flush()
+      self._seen_input = True
       out = self._d.decompress(data)
       while self._d.eof and self._d.unused_data:
         rest = self._d.unused_data
@@ -119,6 +123,11 @@ class TFRecordReader:
 
   def _chunks(self, f: BinaryIO) -> Iterator[bytes]:
     head = f.read(_CHUNK)
+    while 0 < len(head) < 64:  # A short first read must not fool the detection.
+      more = f.read(_CHUNK)
+      if not more:
+        break
+      head += more
     kind = self.compression if self.compression != "auto" else detect_compression(head)
     self.detected_compression = kind
     if kind == "none":
@@ -175,6 +184,8 @@ class TFRecordReader:
             self._consumed = base
             continue
         if avail == 0:
+          if self._stream_truncated:
+            self._truncated_stream(base + pos)
           return
         self._bad_tail(base + pos, "the file ends inside a record header "
                        f"({avail} of 12 bytes; the file is truncated)")
@@ -196,8 +207,10 @@ class TFRecordReader:
             pos = 0
             self._consumed = base
           continue
+        present = min(len(buf) - pos - 12, length)
         self._bad_tail(base + pos, f"the file ends inside the record (header says "
-                       f"{length} bytes, {len(buf) - pos - 12} present; the file is truncated)")
+                       f"{length} data bytes, {present} present, plus a 4-byte checksum; "
+                       "the file is truncated)")
         return
       data = buf[pos + 12:pos + 12 + length]
       if masked_crc(data) != footer_unpack(buf, pos + 12 + length)[0]:
@@ -215,6 +228,14 @@ class TFRecordReader:
     if self.on_corrupt == "fail":
       raise self._corrupt(offset, reason)
     self.stats.skipped += 1
+    self.stats.truncated = True
+
+  def _truncated_stream(self, offset: int) -> None:
+    """The compressed stream ended between records but before its end marker."""
+    if self.on_corrupt == "fail":
+      raise self._corrupt(offset, f"the {self.detected_compression} stream ends before its "
+                          "end marker (the file is truncated; records after this point "
+                          "are missing)")
     self.stats.truncated = True
 
   def _resync(self, buf, pos, base, chunks, eof):

@@ -104,6 +104,7 @@ class _ConvertShardFn(beam.DoFn):
         "digest": digest.hexdigest(),
         "compression": reader.detected_compression,
         "corrupt_records_skipped": reader.stats.skipped,
+        "input_truncated": reader.stats.truncated,
         "seconds": round(time.monotonic() - start, 3),
     }
 

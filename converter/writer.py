@@ -53,7 +53,9 @@ def publish(local_tmp: str, final_path: str) -> None:
   try:
     with open(local_tmp, "rb") as src, FileSystems.create(remote_tmp) as dst:
       shutil.copyfileobj(src, dst, _COPY_CHUNK)
-    if FileSystems.exists(final_path):
+    # A GCS rename is a server-side copy that replaces the destination in one
+    # step, so an overwritten output is never missing; elsewhere make room first.
+    if split_uri(final_path)[0] != "gs://" and FileSystems.exists(final_path):
       FileSystems.delete([final_path])
     FileSystems.rename([remote_tmp], [final_path])
   except BaseException:

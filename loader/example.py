@@ -93,18 +93,16 @@ def _canonical_kind(dtype: Any) -> int:
   """Maps a user-supplied dtype to one of _BYTES, _FLOAT, _INT64."""
   if isinstance(dtype, str):
     name = dtype
-  elif isinstance(dtype, np.dtype):
-    name = dtype.name
-  elif isinstance(dtype, type):
+  elif isinstance(dtype, (np.dtype, type)):
     try:
-      name = np.dtype(dtype).name
+      np_dtype = np.dtype(dtype)
     except TypeError:
-      name = dtype.__name__
+      name = getattr(dtype, "__name__", repr(dtype))
+    else:
+      name = "bytes" if np_dtype.kind == "S" else np_dtype.name
   else:
     # Duck-types tf.DType (tf.int64.name == "int64") without importing TF.
     name = getattr(dtype, "name", repr(dtype))
-  if name.startswith("bytes"):  # np.dtype(bytes).name is "bytes8" etc.
-    name = "bytes"
   try:
     return _DTYPE_KINDS[name]
   except KeyError:

@@ -1,0 +1,585 @@
+"""Benchmark: TFRecord -> ArrayRecord conversion, this converter vs the alternatives.
+
+  .venv/bin/python bench/convert.py [--shards 8 --records 25000 --record-bytes 1000] \
+      [--repeat 1] [--systems a-direct,b-reference,...] [--profile a-direct] \
+      [--json bench/results/convert.json]
+
+On one generated data set (cached in bench/data/), each system runs in its own
+subprocess, writing to a fresh directory:
+
+  (a) this converter (pipelines.convert.main) on Beam's DirectRunner, default
+      single worker, and with --direct_running_mode multi_processing
+      --direct_num_workers 2;
+  (b) the reference array_record.beam.pipelines.convert_tf_to_arrayrecord_disk
+      on DirectRunner (and its _match_shards variant, which may crash);
+  (c) a tight single-process loop, TFRecord -> ArrayRecordWriter('group_size:1'),
+      reading with converter.TFRecordReader, and with tf.data.TFRecordDataset;
+  and diagnostic rows: the converter's inner loop without Beam (reader +
+  atomic writer + digest) and the converter on 1 record per shard (Beam's
+  fixed cost).
+
+`seconds` is the system's own run (pipeline construction + run, or the loop),
+timed inside the subprocess after its imports; `process_s` is the whole
+subprocess as the parent saw it (interpreter start, imports, run, exit).
+Peak RSS is the peak of the summed RSS of the subprocess tree. Every output is
+read back and checked against the input (record count and content) before a
+row counts; a row that fails the check is excluded from the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import shlex
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if os.path.dirname(_HERE) not in sys.path:
+  sys.path.insert(0, os.path.dirname(_HERE))
+
+from bench import common  # pylint: disable=wrong-import-position
+
+WRITER_OPTIONS = "group_size:1"
+MP_FLAGS = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
+# This converter's systems: the Beam flags each passes to pipelines.convert.main.
+CONVERTER_FLAGS = {
+    "a-direct": ["--runner", "DirectRunner"],
+    "a-direct-mp2": ["--runner", "DirectRunner", *MP_FLAGS],
+    "diag-a-fnapi": ["--runner", "FnApiRunner"],
+    "diag-a-tiny": ["--runner", "DirectRunner"],
+}
+REF_OUTPUT_PREFIX = "part"
+
+# name -> (group, label). Order is the run order (and table order).
+SYSTEMS = {
+    "c-loop-reader": ("c", "(c) loop: converter.TFRecordReader -> ArrayRecordWriter"),
+    "a-direct": ("a", "(a) this converter, DirectRunner (default, 1 worker)"),
+    "b-reference": ("b", "(b) reference convert_tf_to_arrayrecord_disk, DirectRunner"),
+    "a-direct-mp2": ("a", "(a) this converter, DirectRunner multi_processing x2"),
+    "c-loop-tfdata": ("c", "(c) loop: tf.data.TFRecordDataset -> ArrayRecordWriter"),
+    "b-reference-match-shards": ("b", "(b) reference ..._disk_match_shards, DirectRunner"),
+    "diag-core-loop": ("diag", "diag: converter inner loop w/o Beam (reader+atomic writer+digest)"),
+    "diag-a-fnapi": ("diag", "diag: this converter, --runner FnApiRunner (no Prism attempt)"),
+    "diag-a-tiny": ("diag", "diag: this converter, DirectRunner, 1 record/shard (fixed cost)"),
+}
+PRIMARY_A, PRIMARY_B, PRIMARY_C = "a-direct", "b-reference", "c-loop-reader"
+TARGETS = {"a_throughput_vs_b_min": 4.0, "a_time_vs_c_max": 1.3, "a_peak_rss_mb_max": 400.0}
+
+
+# --------------------------------------------------------------------------
+# Child side: runs one system and writes what it timed to a JSON file.
+# --------------------------------------------------------------------------
+
+
+class _BeamLogTimes:
+  """Records when DirectRunner tries Prism and falls back (log messages, not code changes)."""
+
+  def __init__(self):
+    import logging
+    self.events: list[tuple[float, str]] = []
+    outer = self
+
+    class Handler(logging.Handler):
+
+      def emit(self, record):
+        outer.events.append((time.monotonic(), record.getMessage()))
+
+    for name in ("apache_beam.runners.direct.direct_runner",
+                 "apache_beam.runners.portability.prism_runner"):
+      lg = logging.getLogger(name)
+      lg.setLevel(logging.INFO)
+      lg.addHandler(Handler())
+      lg.propagate = False
+
+  def summary(self, start: float) -> dict:
+    out = {}
+    prism = [t for t, m in self.events if "PrismRunner" in m and "Running pipeline" in m]
+    fallback = [t for t, m in self.events if "Falling back" in m]
+    download = [m for _, m in self.events if "Downloading prism" in m or "Unable to fetch" in m]
+    if prism:
+      out["prism_tried_at_s"] = round(prism[0] - start, 3)
+      if fallback:
+        out["prism_attempt_s"] = round(fallback[0] - prism[0], 3)
+    out["prism_fell_back"] = bool(fallback)
+    if download:
+      out["prism_log"] = download[-1].strip().splitlines()[0][:200]
+    return out
+
+
+def _child_converter(spec: dict, extra_flags: list[str]) -> dict:
+  t_imp = time.monotonic()
+  from pipelines import convert
+  logs = _BeamLogTimes()
+  import_s = time.monotonic() - t_imp
+  argv = ["--input", spec["pattern"], "--output", spec["out"], "--writer-options", WRITER_OPTIONS,
+          *extra_flags]
+  start_epoch, start = time.time(), time.monotonic()
+  rc = _maybe_profiled(spec, lambda: convert.main(argv))
+  seconds = time.monotonic() - start
+  if rc != 0:
+    raise RuntimeError(f"pipelines.convert.main returned {rc}")
+  return {"seconds": seconds, "import_s": import_s, "argv": argv, "start_epoch": start_epoch,
+          **logs.summary(start)}
+
+
+def _import_reference():
+  """Imports array_record.beam.pipelines without letting it parse our argv."""
+  saved = sys.argv
+  sys.argv = [sys.argv[0]]
+  try:
+    from array_record.beam import pipelines as ref
+  finally:
+    sys.argv = saved
+  return ref
+
+
+def _child_reference(spec: dict, match_shards: bool) -> dict:
+  t_imp = time.monotonic()
+  import logging
+  logging.getLogger("apache_beam").setLevel(logging.ERROR)
+  from apache_beam.options.pipeline_options import PipelineOptions
+  ref = _import_reference()
+  logs = _BeamLogTimes()
+  import_s = time.monotonic() - t_imp
+  args = {"input": spec["pattern"], "output": os.path.join(spec["out"], REF_OUTPUT_PREFIX)}
+  opts = PipelineOptions(["--runner=DirectRunner"])
+  start = time.monotonic()
+
+  def run():
+    if match_shards:
+      p = ref.convert_tf_to_arrayrecord_disk_match_shards(args=args, pipeline_options=opts)
+    else:
+      p = ref.convert_tf_to_arrayrecord_disk(num_shards=spec["shards"], args=args,
+                                             pipeline_options=opts)
+    p.run().wait_until_finish()
+
+  _maybe_profiled(spec, run)
+  return {"seconds": time.monotonic() - start, "import_s": import_s, **logs.summary(start)}
+
+
+def _child_loop_reader(spec: dict, core: bool) -> dict:
+  t_imp = time.monotonic()
+  # TFRecordReader opens files through Beam FileSystems, as in the converter.
+  import apache_beam.io.filesystems  # pylint: disable=unused-import
+  from array_record.python.array_record_module import ArrayRecordWriter
+  from converter import writer as ar_writer
+  from converter.manifest import RecordDigest
+  from converter.naming import output_basename
+  from converter.tfrecord import TFRecordReader
+  import_s = time.monotonic() - t_imp
+  start = time.monotonic()
+
+  def loop():
+    for path in spec["files"]:
+      out = os.path.join(spec["out"], output_basename(os.path.basename(path)))
+      if core:  # What _ConvertShardFn.process does for one shard, minus Beam.
+        digest = RecordDigest()
+        update = digest.update
+        with ar_writer.ArrayRecordShardWriter(out, WRITER_OPTIONS) as w:
+          write = w.write
+          for record in TFRecordReader(path):
+            write(record)
+            update(record)
+          w.commit()
+      else:
+        w = ArrayRecordWriter(out, WRITER_OPTIONS)
+        write = w.write
+        for record in TFRecordReader(path):
+          write(record)
+        w.close()
+
+  _maybe_profiled(spec, loop)
+  return {"seconds": time.monotonic() - start, "import_s": import_s}
+
+
+def _child_loop_tfdata(spec: dict) -> dict:
+  t_imp = time.monotonic()
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow as tf
+  from array_record.python.array_record_module import ArrayRecordWriter
+  from converter.naming import output_basename
+  import_s = time.monotonic() - t_imp
+  start = time.monotonic()
+
+  def loop():
+    for path in spec["files"]:
+      out = os.path.join(spec["out"], output_basename(os.path.basename(path)))
+      w = ArrayRecordWriter(out, WRITER_OPTIONS)
+      write = w.write
+      # Batching amortises tf.data's per-element cost; records stay in order.
+      ds = tf.data.TFRecordDataset(path, buffer_size=4 << 20).batch(256)
+      for batch in ds.as_numpy_iterator():
+        for record in batch:
+          write(record)
+      w.close()
+
+  _maybe_profiled(spec, loop)
+  return {"seconds": time.monotonic() - start, "import_s": import_s}
+
+
+def _maybe_profiled(spec: dict, fn):
+  if not spec.get("profile"):
+    return fn()
+  import cProfile
+  import io
+  import pstats
+  prof = cProfile.Profile()
+  try:
+    return prof.runcall(fn)
+  finally:
+    prof.dump_stats(spec["profile"] + ".prof")
+    for key in ("cumulative", "tottime"):
+      s = io.StringIO()
+      pstats.Stats(prof, stream=s).sort_stats(key).print_stats(45)
+      with open(f"{spec['profile']}.{key}.txt", "w") as f:
+        f.write(s.getvalue())
+
+
+def child_main(system: str, spec_json: str) -> int:
+  spec = json.loads(spec_json)
+  result = {"system": system}
+  try:
+    if system in CONVERTER_FLAGS:
+      result.update(_child_converter(spec, CONVERTER_FLAGS[system]))
+    elif system == "b-reference":
+      result.update(_child_reference(spec, match_shards=False))
+    elif system == "b-reference-match-shards":
+      result.update(_child_reference(spec, match_shards=True))
+    elif system == "c-loop-reader":
+      result.update(_child_loop_reader(spec, core=False))
+    elif system == "diag-core-loop":
+      result.update(_child_loop_reader(spec, core=True))
+    elif system == "c-loop-tfdata":
+      result.update(_child_loop_tfdata(spec))
+    else:
+      raise ValueError(f"unknown system {system!r}")
+    result["status"] = "ok"
+  except Exception as e:  # pylint: disable=broad-except
+    import traceback
+    traceback.print_exc()
+    result["status"] = "error"
+    result["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+    result["error_last_line"] = _last_meaningful_line(str(e))
+  common.write_json(spec["result"], result)
+  return 0
+
+
+def _last_meaningful_line(text: str) -> str:
+  lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+  picks = [ln for ln in lines if "Error" in ln or "Exception" in ln]
+  return (picks[-1] if picks else lines[-1] if lines else "")[:300]
+
+
+# --------------------------------------------------------------------------
+# Parent side.
+# --------------------------------------------------------------------------
+
+
+def _outputs(system: str, out: str) -> tuple[list[str], bool]:
+  """(output files, whether they must match the inputs 1:1 in order)."""
+  if system.startswith("b-"):
+    return common.files_matching(os.path.join(out, REF_OUTPUT_PREFIX + "*.arrayrecord")), False
+  files = [p for p in glob.glob(os.path.join(out, "**", "*"), recursive=True)
+           if os.path.isfile(p) and os.path.basename(p) != "manifest.json"]
+  return sorted(files), True
+
+
+def verify(system: str, out: str, data: common.DataSet, child: dict) -> tuple[bool, str, dict]:
+  files, matched = _outputs(system, out)
+  extra = {"files_out": len(files), "bytes_out": sum(os.path.getsize(p) for p in files)}
+  stray = [p for p in files if ".tmp-" in os.path.basename(p)]
+  if stray:
+    return False, f"temporary files left: {[os.path.basename(p) for p in stray][:3]}", extra
+  if system.startswith("b-") and len(files) != data.shards:
+    return False, f"{len(files)} output files, asked for num_shards={data.shards}", extra
+  ok, msg, n = common.check_outputs(files, data, matched=matched)
+  extra["records_out"] = n
+  if ok and system in CONVERTER_FLAGS:
+    with open(os.path.join(out, "manifest.json")) as f:
+      manifest = json.load(f)
+    t = manifest["totals"]
+    if t["records"] != data.records or t["converted"] != data.shards or t["failed"]:
+      return False, f"manifest totals disagree: {t}", extra
+    digests = [s["digest"] for s in sorted(manifest["shards"], key=lambda s: s["output"])]
+    if digests != data.shard_digests:
+      return False, "manifest digests differ from the input's", extra
+    shard_s = [s["seconds"] for s in manifest["shards"]]
+    extra["shard_work_s"] = round(sum(shard_s), 3)
+    extra["shard_max_s"] = round(max(shard_s), 3)
+    extra.update(_timeline(manifest["shards"], child))
+    msg += "; manifest totals and digests match"
+  return ok, msg, extra
+
+
+def _timeline(shards: list[dict], child: dict) -> dict:
+  """When shard work ran inside the pipeline call, from output mtimes (set at close).
+
+  startup_s: from the start of the call until the first shard began converting
+  (runner startup, planning, the Prism attempt, earlier stages).
+  tail_s: from the last shard's file until the call returned (manifest, teardown).
+  """
+  t0, t1 = child["start_epoch"], child["start_epoch"] + child["seconds"]
+  ends = [os.path.getmtime(s["output"]) for s in shards]
+  begins = [e - s["seconds"] for e, s in zip(ends, shards)]
+  return {"startup_s": round(min(begins) - t0, 3), "tail_s": round(t1 - max(ends), 3),
+          "shard_span_s": round(max(ends) - min(begins), 3)}
+
+
+def run_system(system: str, data: common.DataSet, run_dir: str, args, repeat_index: int) -> dict:
+  group, label = SYSTEMS[system]
+  out = common.fresh_dir(os.path.join(run_dir, f"{system}-{repeat_index}"))
+  out_data = os.path.join(out, "out")
+  result_path = os.path.join(out, "result.json")
+  spec = {"pattern": data.pattern, "files": data.files, "shards": data.shards,
+          "out": out_data, "result": result_path}
+  if system in args.profile:
+    prof_dir = os.path.join(common.RESULTS_DIR, "profiles")
+    os.makedirs(prof_dir, exist_ok=True)
+    spec["profile"] = os.path.join(prof_dir, f"convert-{system}")
+  if system not in CONVERTER_FLAGS:
+    os.makedirs(out_data)  # pipelines.convert makes its own output dir.
+  cmd = [sys.executable, os.path.abspath(__file__), "--child", system, "--spec", json.dumps(spec)]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+  m = common.run_measured(cmd, timeout=args.timeout, env=env)
+  row = {"system": system, "label": label, "group": group,
+         "process_s": round(m.wall_s, 3), "peak_rss_mb": round(m.peak_rss_mb, 1),
+         "max_process_rss_mb": round(m.max_process_rss_mb, 1), "processes": m.max_processes}
+  child = {}
+  if os.path.exists(result_path):
+    with open(result_path) as f:
+      child = json.load(f)
+  if m.returncode != 0 or not child:
+    row.update(status="error", error=f"subprocess exit {m.returncode}: "
+               f"{_last_meaningful_line(m.stdout)}")
+  elif child["status"] != "ok":
+    # The reference match_shards variant is expected to land here on Beam 2.77.
+    row.update(status="crashes" if system == "b-reference-match-shards" else "error",
+               error=child.get("error_last_line") or child.get("error"),
+               seconds_to_failure=round(child.get("seconds", 0) or 0, 3) or None)
+  else:
+    ok, msg, extra = verify(system, out_data, data, child)
+    row.update(extra)
+    row.update(status="ok" if ok else "wrong-output", check=msg,
+               seconds=round(child["seconds"], 3), import_s=round(child["import_s"], 3))
+    for k in ("prism_tried_at_s", "prism_attempt_s", "prism_fell_back", "prism_log"):
+      if k in child:
+        row[k] = child[k]
+    if "shard_work_s" in row and system != "a-direct-mp2":
+      row["non_shard_s"] = round(row["seconds"] - row["shard_work_s"], 3)
+  if row["status"] != "ok":
+    row["log_tail"] = m.stdout[-3000:]
+  if not args.keep_outputs:
+    common.shutil.rmtree(out, ignore_errors=True)
+  return row
+
+
+def _merge_runs(runs: list[dict], data: common.DataSet) -> dict:
+  """One row per system: the fastest verified run; peaks are the max over runs."""
+  ok = [r for r in runs if r["status"] == "ok"]
+  best = dict(min(ok, key=lambda r: r["seconds"]) if ok else runs[-1])
+  best["runs"] = len(runs)
+  if len(runs) > 1:
+    best["all_seconds"] = [r.get("seconds") for r in runs]
+    best["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    best["max_process_rss_mb"] = max(r["max_process_rss_mb"] for r in runs)
+  if best["status"] == "ok":
+    recs = data.records
+    best["records_per_s"] = round(recs / best["seconds"], 1)
+    best["mb_per_s"] = round(data.file_bytes / 1e6 / best["seconds"], 2)
+  return best
+
+
+def _ratios(rows: list[dict]) -> dict:
+  by = {r["system"]: r for r in rows if r["status"] == "ok"}
+  b, c = by.get(PRIMARY_B), by.get(PRIMARY_C)
+  for r in rows:
+    if r["status"] != "ok" or r["group"] == "diag" and r["system"] == "diag-a-tiny":
+      continue
+    if b:
+      r["throughput_vs_b"] = round(b["seconds"] / r["seconds"], 2)
+    if c:
+      r["time_vs_c"] = round(r["seconds"] / c["seconds"], 2)
+  ratios = {"b_system": PRIMARY_B, "c_system": PRIMARY_C,
+            "definition": "throughput_vs_b = b.seconds / row.seconds (x times (b)'s throughput); "
+                          "time_vs_c = row.seconds / c.seconds"}
+  for name in ("a-direct", "a-direct-mp2"):
+    a = by.get(name)
+    if not a:
+      continue
+    entry = {}
+    if b:
+      entry["throughput_vs_b"] = a["throughput_vs_b"]
+      entry["throughput_vs_b_target"] = TARGETS["a_throughput_vs_b_min"]
+      entry["throughput_vs_b_met"] = a["throughput_vs_b"] >= TARGETS["a_throughput_vs_b_min"]
+    if c:
+      entry["time_vs_c"] = a["time_vs_c"]
+      entry["time_vs_c_target"] = TARGETS["a_time_vs_c_max"]
+      entry["time_vs_c_met"] = a["time_vs_c"] <= TARGETS["a_time_vs_c_max"]
+    entry["peak_rss_mb"] = a["peak_rss_mb"]
+    entry["peak_rss_mb_target"] = TARGETS["a_peak_rss_mb_max"]
+    entry["peak_rss_met"] = a["peak_rss_mb"] < TARGETS["a_peak_rss_mb_max"]
+    ratios[name] = entry
+  tiny, a = by.get("diag-a-tiny"), by.get("a-direct")
+  if tiny:
+    ratios["beam_fixed_cost_s"] = tiny["seconds"]
+  if a and c:
+    ratios["a_minus_c_s"] = round(a["seconds"] - c["seconds"], 3)
+  return ratios
+
+
+COLUMNS = [
+    ("system", "system", ""), ("status", "status", ""), ("seconds", "seconds", ".2f"),
+    ("process s", "process_s", ".2f"), ("records/s", "records_per_s", ",.0f"),
+    ("MB/s", "mb_per_s", ".1f"), ("peak RSS MB", "peak_rss_mb", ".0f"),
+    ("procs", "processes", "d"), ("thr vs (b)", "throughput_vs_b", ".2f"),
+    ("time vs (c)", "time_vs_c", ".2f"),
+]
+
+
+def parent_main(args) -> int:
+  print(f"cpu_count={os.cpu_count()}  load_avg_1m={common.machine_info().get('load_avg_1m')}  "
+        f"python={sys.version.split()[0]}", flush=True)
+  data = common.ensure_tfrecord_data(args.shards, args.records, args.record_bytes, seed=args.seed)
+  tiny = None
+  systems = args.systems
+  if "diag-a-tiny" in systems:
+    tiny = common.ensure_tfrecord_data(args.shards, 1, args.record_bytes, seed=args.seed)
+  common.warm_page_cache(data.files)
+  s = data.summary()
+  print(f"data: {s['shards']} shards x {s['records_per_shard']:,} records, mean "
+        f"{s['mean_record_bytes']} B/record, {s['file_mb']} MB of TFRecord ({s['dir']})", flush=True)
+  run_dir = os.path.join(common.DATA_DIR, "runs", f"convert-{os.getpid()}")
+  common.fresh_dir(run_dir)
+  runs: dict[str, list[dict]] = {n: [] for n in systems}
+  try:
+    for rep in range(args.repeat):
+      for name in systems:
+        d = tiny if name == "diag-a-tiny" else data
+        row = run_system(name, d, run_dir, args, rep)
+        runs[name].append(row)
+        shown = f"{row['seconds']:.2f} s" if row.get("seconds") is not None else row["status"]
+        print(f"  [{rep + 1}/{args.repeat}] {name:26s} {shown:>10s}  process {row['process_s']:.1f} s  "
+              f"peak RSS {row['peak_rss_mb']:.0f} MB  {row.get('check') or row.get('error', '')}",
+              flush=True)
+  finally:
+    if not args.keep_outputs:
+      common.shutil.rmtree(run_dir, ignore_errors=True)
+  rows = [_merge_runs(runs[n], tiny if n == "diag-a-tiny" else data) for n in systems]
+  ratios = _ratios(rows)
+  tiny_row = next((r for r in rows if r["system"] == "diag-a-tiny"), None)
+  if tiny_row and tiny_row["status"] == "ok":
+    tiny_row["records_per_s"] = tiny_row["mb_per_s"] = None  # 8 records: not a throughput.
+
+  print()
+  print(common.format_table(rows, COLUMNS))
+  print()
+  for r in rows:
+    print(f"  {r['system']:26s} {r['label']}")
+  _print_summary(rows, ratios)
+
+  if args.json:
+    result = {
+        "benchmark": "convert",
+        "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, common.REPO_ROOT),
+                                                     "bench/convert.py", *args.argv]),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "machine": common.machine_info(),
+        "versions": common.package_versions(["apache-beam", "array-record", "tensorflow-cpu",
+                                             "tensorflow", "crc32c", "xxhash"]),
+        "data": {**data.summary(), "writer_options": WRITER_OPTIONS},
+        "repeat": args.repeat,
+        "targets": TARGETS,
+        "rows": rows,
+        "ratios": ratios,
+        "notes": [
+            "seconds: the system's run inside its subprocess, after imports (pipeline "
+            "construction + run, or the loop); process_s adds interpreter start, imports, exit.",
+            "MB/s: TFRecord input file bytes / seconds (MB = 1e6 bytes).",
+            "peak_rss_mb: peak of the summed RSS of the subprocess tree (sampled every 20 ms) "
+            "or the largest single process (wait4 ru_maxrss), whichever is larger.",
+            "throughput_vs_b = b.seconds / row.seconds; time_vs_c = row.seconds / c.seconds "
+            f"with b = {PRIMARY_B}, c = {PRIMARY_C}.",
+            "Every 'ok' row's output was read back: record count, and per-shard ordered digests "
+            "(matched-shard systems) or the bag of records (the reference reshards).",
+            "With --repeat N the fastest verified run is reported; peak RSS is the max over runs.",
+        ],
+    }
+    common.write_json(args.json, result)
+    print(f"\nWrote {os.path.relpath(os.path.abspath(args.json), common.REPO_ROOT)}")
+  return 0 if all(r["status"] in ("ok", "crashes") for r in rows) else 1
+
+
+def _print_summary(rows: list[dict], ratios: dict) -> None:
+  print()
+  for name in ("a-direct", "a-direct-mp2"):
+    e = ratios.get(name)
+    if not e:
+      continue
+    parts = []
+    if "throughput_vs_b" in e:
+      parts.append(f"{e['throughput_vs_b']:.2f}x (b)'s throughput (target >= "
+                   f"{e['throughput_vs_b_target']:g}x: {'met' if e['throughput_vs_b_met'] else 'MISSED'})")
+    if "time_vs_c" in e:
+      parts.append(f"{e['time_vs_c']:.2f}x (c)'s time (target <= {e['time_vs_c_target']:g}x: "
+                   f"{'met' if e['time_vs_c_met'] else 'MISSED'})")
+    parts.append(f"peak RSS {e['peak_rss_mb']:.0f} MB (target < {e['peak_rss_mb_target']:g}: "
+                 f"{'met' if e['peak_rss_met'] else 'MISSED'})")
+    print(f"{name}: " + "; ".join(parts))
+  by = {r["system"]: r for r in rows}
+  for name in CONVERTER_FLAGS:
+    a = by.get(name)
+    if not a or a.get("status") != "ok" or "shard_work_s" not in a:
+      continue
+    bits = [f"{name}: {a['seconds']:.2f} s call = {a['startup_s']:.2f} s before the first shard "
+            f"started + {a['shard_span_s']:.2f} s converting shards (their DoFn time sums to "
+            f"{a['shard_work_s']:.2f} s) + {a['tail_s']:.2f} s after the last"]
+    if "prism_attempt_s" in a:
+      bits.append(f"Prism attempt + fallback {a['prism_attempt_s']:.2f} s of the startup")
+    print("; ".join(bits))
+  if ratios.get("beam_fixed_cost_s") is not None:
+    print(f"fixed cost of a converter run (1 record/shard): {ratios['beam_fixed_cost_s']:.2f} s")
+  for r in rows:
+    if r["status"] not in ("ok",):
+      print(f"{r['system']}: {r['status']}: {r.get('error') or r.get('check')}")
+
+
+def main(argv=None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--shards", type=int, default=8)
+  p.add_argument("--records", type=int, default=25_000, help="Records per shard.")
+  p.add_argument("--record-bytes", type=int, default=1000, help="Target serialized record size.")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--repeat", type=int, default=1,
+                 help="Runs per system, interleaved; the fastest verified run is reported.")
+  p.add_argument("--systems", default=",".join(SYSTEMS),
+                 help=f"Comma-separated subset of: {', '.join(SYSTEMS)}.")
+  p.add_argument("--profile", default="",
+                 help="Comma-separated systems to run under cProfile (slower); profiles go to "
+                 "bench/results/profiles/.")
+  p.add_argument("--timeout", type=float, default=1800, help="Seconds per system run.")
+  p.add_argument("--keep-outputs", action="store_true")
+  p.add_argument("--json", help="Write the results as JSON here.")
+  p.add_argument("--child", help=argparse.SUPPRESS)
+  p.add_argument("--spec", help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.child:
+    return child_main(args.child, args.spec)
+  args.argv = argv
+  args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+  args.profile = [s.strip() for s in args.profile.split(",") if s.strip()]
+  unknown = [s for s in args.systems + args.profile if s not in SYSTEMS]
+  if unknown:
+    p.error(f"unknown system(s) {unknown}; choose from {list(SYSTEMS)}")
+  if args.shards < 1 or args.records < 1 or args.record_bytes < 64 or args.repeat < 1:
+    p.error("need --shards >= 1, --records >= 1, --record-bytes >= 64, --repeat >= 1")
+  return parent_main(args)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

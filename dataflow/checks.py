@@ -1,0 +1,121 @@
+"""Offline checks of Dataflow flags: each failure is one line naming the value.
+
+Nothing here touches the network. Beam falls back to network calls (default
+bucket creation, `gcloud` for a region) when these values are missing or
+malformed, so they are checked before Beam sees them.
+"""
+
+from __future__ import annotations
+
+import re
+
+_PROJECT_RE = re.compile(r"^(?:[a-z0-9][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+_REGION_RE = re.compile(r"^[a-z]+(?:-[a-z]+)+[0-9]+$")
+_ZONE_RE = re.compile(r"^[a-z]+(?:-[a-z]+)+[0-9]+-[a-z]$")
+_BUCKET_RE = re.compile(r"^[a-z0-9][-_.a-z0-9]*[a-z0-9]$")
+_GS_RE = re.compile(r"^gs://([^/]*)(?:/(.*))?$", re.DOTALL)
+_JOB_NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]*[a-z0-9])?$")
+_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_SUBNETWORK_RE = re.compile(r"(?:^|/)regions/([a-z0-9-]+)/subnetworks/[a-z](?:[-a-z0-9]*[a-z0-9])?$")
+
+
+class FlagError(ValueError):
+  """A Dataflow flag is missing or malformed; the message is one line."""
+
+
+def require(value, flag: str, example: str) -> None:
+  if value is None or (isinstance(value, str) and not value.strip()):
+    raise FlagError(f"{flag} is required (e.g. {flag} {example}).")
+
+
+def project(value: str) -> str:
+  """A Google Cloud project id such as 'my-project' (not its number or name)."""
+  if value.isdigit():
+    raise FlagError(f"--project {value!r} is a project number; give the project id "
+                    "(e.g. --project my-project; see `gcloud projects list`).")
+  if not _PROJECT_RE.match(value):
+    raise FlagError(f"--project {value!r} is not a valid project id: 6-30 characters of "
+                    "lowercase letters, digits and hyphens, starting with a letter "
+                    "(e.g. --project my-project).")
+  return value
+
+
+def region(value: str) -> str:
+  """A Dataflow region such as 'us-central1'."""
+  if _ZONE_RE.match(value):
+    raise FlagError(f"--region {value!r} is a zone; give its region (e.g. --region "
+                    f"{value.rsplit('-', 1)[0]}) and, to pin workers to the zone, "
+                    f"--worker_zone {value}.")
+  if not _REGION_RE.match(value):
+    raise FlagError(f"--region {value!r} is not a Google Cloud region "
+                    "(e.g. us-central1, europe-west4, asia-northeast1).")
+  return value
+
+
+def gcs_path(value: str, flag: str, *, need_object: bool, example: str) -> str:
+  """A gs://bucket[/object] URI with a valid bucket name."""
+  m = _GS_RE.match(value)
+  if not m:
+    raise FlagError(f"{flag} must be a Cloud Storage path gs://BUCKET/..., got {value!r} "
+                    f"(e.g. {flag} {example}).")
+  bucket, obj = m.group(1), m.group(2) or ""
+  if not (3 <= len(bucket) <= (222 if "." in bucket else 63)) or not _BUCKET_RE.match(bucket):
+    raise FlagError(f"{flag} {value!r} names the bucket {bucket!r}, which is not a valid "
+                    "bucket name: 3-63 characters of lowercase letters, digits, '-', '_' "
+                    "and '.', starting and ending with a letter or digit.")
+  if need_object and not obj.strip("/"):
+    raise FlagError(f"{flag} {value!r} needs a folder inside the bucket "
+                    f"(e.g. {flag} gs://{bucket}/tmp).")
+  return value
+
+
+def input_pattern(value: str) -> str:
+  if not value.startswith("gs://"):
+    raise FlagError(f"--input {value!r} is not on Cloud Storage; Dataflow workers read "
+                    "only gs:// paths. Copy the shards first (gcloud storage cp -r DIR "
+                    "gs://BUCKET/tfr/) or convert locally with `python -m pipelines.convert`.")
+  return gcs_path(value, "--input", need_object=True, example="'gs://my-bucket/tfr/train-*'")
+
+
+def job_name(value: str) -> str:
+  if not _JOB_NAME_RE.match(value) or len(value) > 1024:
+    suggestion = re.sub(r"[^-a-z0-9]+", "-", value.lower()).strip("-") or "arrayrecord-convert"
+    if not suggestion[0].isalpha():
+      suggestion = "job-" + suggestion
+    raise FlagError(f"--job_name {value!r} is not valid: use lowercase letters, digits and "
+                    f"'-', starting with a letter and ending with a letter or digit "
+                    f"(e.g. --job_name {suggestion}).")
+  return value
+
+
+def service_account(value: str) -> str:
+  if not _EMAIL_RE.match(value):
+    raise FlagError(f"--service_account_email {value!r} is not an email address "
+                    "(e.g. --service_account_email worker@my-project.iam.gserviceaccount.com).")
+  return value
+
+
+def subnetwork(value: str, job_region: str, worker_location: bool) -> str:
+  """'regions/R/subnetworks/S' or the full URL; its region must be the job's."""
+  m = _SUBNETWORK_RE.search(value)
+  if not m:
+    raise FlagError(f"--subnetwork {value!r} is not a subnetwork path: use "
+                    f"regions/{job_region}/subnetworks/NAME or https://www.googleapis.com/"
+                    f"compute/v1/projects/HOST_PROJECT/regions/{job_region}/subnetworks/NAME.")
+  if m.group(1) != job_region and not worker_location:
+    raise FlagError(f"--subnetwork {value!r} is in region {m.group(1)!r} but the job runs "
+                    f"in --region {job_region!r}; use a subnetwork of {job_region} (or set "
+                    f"--worker_region {m.group(1)}).")
+  return value
+
+
+def network(value: str) -> str:
+  if not value.strip() or any(c.isspace() for c in value):
+    raise FlagError(f"--network {value!r} is not a VPC network name (e.g. --network default).")
+  return value
+
+
+def positive(value: int | None, flag: str) -> int | None:
+  if value is not None and value < 1:
+    raise FlagError(f"{flag} must be a positive number of workers, got {value}.")
+  return value

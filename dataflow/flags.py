@@ -1,0 +1,230 @@
+"""Flags of `python -m dataflow.submit`, parsed and checked without the network.
+
+Converter flags come from pipelines.cli (the same as `pipelines.convert`);
+Dataflow flags keep Beam's spelling (`--temp_location`, dashes also work);
+any other flag goes to Beam unchanged, after Beam confirms it knows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import re
+from typing import Sequence
+
+from converter import ConvertOptions
+from dataflow import checks, staging
+from dataflow.checks import FlagError
+from pipelines import cli
+
+PROG = "arrayrecord-dataflow"
+RUNNER = "DataflowRunner"
+# Converter flags a Flex Template exposes as parameters (see flex_template/metadata.json).
+TEMPLATE_PARAMETERS = ("input", "output", "writer_options", "compression", "on_corrupt",
+                       "overwrite", "skip_existing")
+# Dataflow flags this tool checks, then hands to Beam as --NAME=VALUE.
+DATAFLOW_FLAGS = ("project", "region", "temp_location", "staging_location", "job_name",
+                  "service_account_email", "network", "subnetwork", "max_num_workers",
+                  "machine_type", "sdk_container_image")
+# Switches that also take `=true` / `=false`, as a Flex Template launcher passes them.
+_SWITCHES = ("--overwrite", "--skip-existing", "--skip_existing", "--dry-run", "--dry_run", "--wait")
+_TRUE = ("true", "1", "yes")
+_FALSE = ("false", "0", "no", "")
+
+
+class _Parser(argparse.ArgumentParser):
+  """Reports a usage error as one FlagError line instead of exiting."""
+
+  def error(self, message):
+    raise FlagError(f"{message} (see {self.prog} --help).")
+
+
+def parser() -> argparse.ArgumentParser:
+  p = _Parser(
+      prog=PROG, allow_abbrev=False,
+      description="Submit the TFRecord -> ArrayRecord conversion to Google Cloud Dataflow. "
+      "Input patterns are listed by the workers, so submitting needs no bucket access. "
+      "Flags not listed here go to Beam (e.g. --num_workers, --no_use_public_ips, "
+      "--experiments, --labels).")
+  cli.add_converter_flags(p)
+  g = p.add_argument_group("Dataflow")
+  g.add_argument("--project", help="Google Cloud project id (required).")
+  g.add_argument("--region", help="Dataflow region, e.g. us-central1 (required).")
+  g.add_argument("--temp_location", "--temp-location", dest="temp_location", metavar="GS_DIR",
+                 help="gs:// folder for Dataflow's temporary files (required).")
+  g.add_argument("--staging_location", "--staging-location", dest="staging_location",
+                 metavar="GS_DIR", help="gs:// folder for staged packages (default: --temp_location).")
+  g.add_argument("--job_name", "--job-name", dest="job_name",
+                 help="Job name (default: arrayrecord-convert-YYYYMMDD-HHMMSS, UTC).")
+  g.add_argument("--service_account_email", "--service-account-email",
+                 dest="service_account_email", help="Worker service account.")
+  g.add_argument("--network", help="VPC network for the workers.")
+  g.add_argument("--subnetwork", help="regions/REGION/subnetworks/NAME or its full URL.")
+  g.add_argument("--max_num_workers", "--max-num-workers", dest="max_num_workers", type=int,
+                 metavar="N", help="Autoscaling ceiling. Parallelism is at most the number "
+                 "of input shards.")
+  g.add_argument("--machine_type", "--worker_machine_type", "--machine-type",
+                 "--worker-machine-type", dest="machine_type",
+                 help="Worker machine type, e.g. n2-standard-4.")
+  g.add_argument("--sdk_container_image", "--sdk-container-image", dest="sdk_container_image",
+                 metavar="IMAGE", help="Custom worker image (e.g. the Flex Template image).")
+  g.add_argument("--setup_file", "--setup-file", dest="setup_file", metavar="PATH",
+                 help="setup.py staged for the workers (default: this checkout's); "
+                 f"'{staging.NO_SETUP_FILE}' when --sdk_container_image has the toolkit.")
+  t = p.add_argument_group("this tool")
+  t.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                 help="Build the exact job request offline (no credentials, no network) and "
+                 "write job.json and the staged files to --dry-run-dir; submit nothing.")
+  t.add_argument("--dry-run-dir", "--dry_run_dir", dest="dry_run_dir", metavar="DIR",
+                 help="Empty or new folder for --dry-run (default: dataflow-dry-run/JOB_NAME; "
+                 "implies --dry-run).")
+  t.add_argument("--wait", action="store_true",
+                 help="Wait for the job to finish; exit 1 unless it succeeds.")
+  return p
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """A checked submission: what to convert, where, and the Beam flags to use."""
+
+  convert: ConvertOptions
+  patterns: tuple[str, ...]
+  project: str
+  region: str
+  job_name: str
+  beam_args: tuple[str, ...]
+  setup_file: str | None
+  dry_run_dir: str | None = None
+  wait: bool = False
+
+
+def normalize_switches(argv: Sequence[str]) -> list[str]:
+  """`--overwrite=true` -> `--overwrite`, `--overwrite=false` -> nothing."""
+  out = []
+  for arg in argv:
+    flag, eq, value = arg.partition("=")
+    if eq and flag in _SWITCHES:
+      if value.strip().lower() in _TRUE:
+        out.append(flag)
+      elif value.strip().lower() not in _FALSE:
+        raise FlagError(f"{flag} takes true or false, got {value!r}.")
+      continue
+    out.append(arg)
+  return out
+
+
+def default_job_name(now: datetime.datetime | None = None) -> str:
+  now = now or datetime.datetime.now(datetime.timezone.utc)
+  return "arrayrecord-convert-" + now.strftime("%Y%m%d-%H%M%S")
+
+
+def flag_value(extra: Sequence[str], name: str) -> str | None:
+  """The value of --name in Beam's extra flags (`--name=v` or `--name v`)."""
+  for i, arg in enumerate(extra):
+    if arg == f"--{name}" and i + 1 < len(extra):
+      return extra[i + 1]
+    if arg.startswith(f"--{name}="):
+      return arg.split("=", 1)[1]
+  return None
+
+
+def _check_extra(extra: Sequence[str]) -> list[str]:
+  """Beam flags passed through: the runner must be Dataflow; all must be Beam's."""
+  runner = flag_value(extra, "runner")
+  if runner is not None and runner.rsplit(".", 1)[-1] != RUNNER:
+    raise FlagError(f"--runner {runner!r}: this tool submits to {RUNNER} only. Run other "
+                    "runners (DirectRunner, FlinkRunner, SparkRunner) with "
+                    "`python -m pipelines.convert --runner ...`.")
+  stray, takes_value = [], False
+  for arg in extra:
+    if arg.startswith("-"):
+      takes_value = "=" not in arg
+    elif takes_value:
+      takes_value = False
+    else:
+      stray.append(arg)
+  if stray:
+    raise FlagError(f"Unexpected argument(s) {' '.join(stray)!r}: give each input as "
+                    "--input PATTERN and quote globs so the shell does not expand them.")
+  from apache_beam.options.pipeline_options import PipelineOptions
+  opts = PipelineOptions(list(extra))
+  known = opts.get_all_options(retain_unknown_options=False)
+  unknown = sorted(set(opts.get_all_options(retain_unknown_options=True)) - set(known))
+  if unknown:
+    raise FlagError(f"Unknown flag(s) {', '.join('--' + u for u in unknown)}: not a converter, "
+                    f"Dataflow or Beam pipeline option (see {PROG} --help and "
+                    "https://cloud.google.com/dataflow/docs/reference/pipeline-options).")
+  kept, skip = [], False
+  for arg in extra:  # --runner is set by this tool.
+    if skip or arg.startswith("--runner="):
+      skip = False
+    elif arg == "--runner":
+      skip = True
+    else:
+      kept.append(arg)
+  return kept
+
+
+def _dry_run_dir(args: argparse.Namespace, job_name: str) -> str | None:
+  if not (args.dry_run or args.dry_run_dir):
+    return None
+  path = os.path.abspath(args.dry_run_dir or os.path.join("dataflow-dry-run", job_name))
+  if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+    raise FlagError(f"--dry-run-dir {path!r} exists and is not an empty folder; "
+                    "give a new or empty one.")
+  return path
+
+
+def parse(argv: Sequence[str]) -> Request:
+  """Parses and checks all flags. Offline: raises FlagError before any network use."""
+  args, extra = parser().parse_known_args(normalize_switches(argv))
+  for flag, value, example in (("--project", args.project, "my-project"),
+                               ("--region", args.region, "us-central1"),
+                               ("--temp_location", args.temp_location, "gs://my-bucket/tmp")):
+    checks.require(value, flag, example)
+  checks.project(args.project)
+  checks.region(args.region)
+  checks.gcs_path(args.temp_location, "--temp_location", need_object=True,
+                  example="gs://my-bucket/tmp")
+  if args.staging_location is not None:
+    checks.gcs_path(args.staging_location, "--staging_location", need_object=True,
+                    example="gs://my-bucket/staging")
+  patterns = tuple(checks.input_pattern(p) for p in args.input)
+  checks.gcs_path(args.output, "--output", need_object=False, example="gs://my-bucket/ar/")
+  job_name = checks.job_name(args.job_name) if args.job_name else default_job_name()
+  if args.service_account_email is not None:
+    checks.service_account(args.service_account_email)
+  if args.network is not None:
+    checks.network(args.network)
+  extra = _check_extra(extra)
+  if args.subnetwork is not None:
+    pinned = any(flag_value(extra, f) for f in ("worker_region", "worker_zone"))
+    checks.subnetwork(args.subnetwork, args.region, pinned)
+  checks.positive(args.max_num_workers, "--max_num_workers")
+  try:
+    convert = cli.converter_options(args)
+  except (ValueError, TypeError) as e:
+    raise FlagError(" ".join(str(e).split())) from None
+  setup_file = staging.find_setup_file(args.setup_file)
+  beam_args = [f"--runner={RUNNER}", f"--job_name={job_name}"]
+  for name in DATAFLOW_FLAGS:
+    value = getattr(args, name)
+    if value is not None and name != "job_name":
+      beam_args.append(f"--{name}={value}")
+  if setup_file:
+    beam_args.append(f"--setup_file={setup_file}")
+  beam_args += extra
+  from dataflow import beam_internals
+  errors = beam_internals.check_options(beam_args)
+  if errors:
+    raise FlagError("Beam rejects the options: " + " ".join(" ".join(errors).split()))
+  return Request(convert=convert, patterns=patterns, project=args.project,
+                 region=args.region, job_name=job_name, beam_args=tuple(beam_args),
+                 setup_file=setup_file, dry_run_dir=_dry_run_dir(args, job_name),
+                 wait=args.wait)
+
+
+def one_line(message: str) -> str:
+  return re.sub(r"\s+", " ", message).strip()

@@ -1,0 +1,142 @@
+"""Submit the TFRecord -> ArrayRecord conversion to Google Cloud Dataflow.
+
+  python -m dataflow.submit --input 'gs://BUCKET/tfr/train-*' --output gs://BUCKET/ar/ \
+      --project my-project --region us-central1 --temp_location gs://BUCKET/tmp \
+      [--max_num_workers 50] [--machine_type n2-standard-4] [converter flags as in
+      pipelines.convert] [--dry-run [--dry-run-dir DIR]] [other Beam/Dataflow flags]
+
+Every flag is checked offline first; a bad one is reported in one line before
+anything is contacted. Inputs are listed by the workers (MatchFiles), so
+submitting needs no access to the buckets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from typing import Sequence
+
+from dataflow import flags
+from dataflow.checks import FlagError
+from pipelines import build, cli
+
+CONSOLE_URL = "https://console.cloud.google.com/dataflow/jobs/{region}/{job_id}?project={project}"
+
+
+def console_url(project: str, region: str, job_id: str) -> str:
+  return CONSOLE_URL.format(region=region, job_id=job_id, project=project)
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission:
+  """The outcome of run().
+
+  Attributes:
+    job_name: The Dataflow job name.
+    job_id: The Dataflow job id; None for a dry run or a template.
+    console_url: The job's page in the Cloud console, if a job was started.
+    state: The final state when waited for (e.g. 'DONE'), else None.
+    dry_run_dir: Where a dry run wrote job.json and the staged files.
+    staged: {staged gs:// URL: local copy} of a dry run.
+    steps: The pipeline's transform names of a dry run.
+    template_location: Where Beam wrote the job instead of starting it
+      (--template_location, as a Flex Template launcher asks).
+  """
+
+  job_name: str
+  job_id: str | None = None
+  console_url: str | None = None
+  state: str | None = None
+  dry_run_dir: str | None = None
+  staged: dict[str, str] = dataclasses.field(default_factory=dict)
+  steps: tuple[str, ...] = ()
+  template_location: str | None = None
+
+
+def build_pipeline(request: flags.Request, extra_flags: Sequence[str] = ()):
+  """The conversion pipeline for DataflowRunner; inputs are matched on workers."""
+  import apache_beam as beam
+  from apache_beam.options.pipeline_options import PipelineOptions
+  p = beam.Pipeline(options=PipelineOptions(list(request.beam_args) + list(extra_flags)))
+  build.add_conversion(p, request.convert, patterns=list(request.patterns))
+  return p
+
+
+def dry_run(request: flags.Request) -> Submission:
+  """Writes the job request and staged files to request.dry_run_dir; no network."""
+  from dataflow import beam_internals
+  os.makedirs(request.dry_run_dir, exist_ok=True)
+  p = build_pipeline(request, beam_internals.DRY_RUN_FLAGS)
+  written = beam_internals.write_job_request(p, request.dry_run_dir, request.beam_args)
+  return Submission(job_name=request.job_name, dry_run_dir=request.dry_run_dir,
+                    staged=written.staged, steps=written.steps)
+
+
+def submit(request: flags.Request) -> Submission:
+  """Submits the job; waits for it only if request.wait."""
+  from dataflow import beam_internals
+  result = build_pipeline(request).run()
+  job_id = beam_internals.job_id(result)
+  if job_id is None:
+    template = flags.flag_value(request.beam_args, "template_location") or \
+        flags.flag_value(request.beam_args, "dataflow_job_file")
+    return Submission(job_name=request.job_name, template_location=template)
+  state = None
+  if request.wait:
+    result.wait_until_finish()
+    state = str(getattr(result.state, "name", result.state))
+  return Submission(job_name=request.job_name, job_id=job_id, state=state,
+                    console_url=console_url(request.project, request.region, job_id))
+
+
+def run(argv: Sequence[str] | None = None) -> Submission:
+  """Checks the flags, then submits (or dry-runs) the conversion job."""
+  request = flags.parse(sys.argv[1:] if argv is None else argv)
+  if request.dry_run_dir:
+    return dry_run(request)
+  print(f"Submitting Dataflow job {request.job_name!r} (project {request.project}, region "
+        f"{request.region}): {', '.join(request.patterns)} -> {request.convert.output_dir}",
+        flush=True)
+  return submit(request)
+
+
+def report(s: Submission) -> str:
+  if s.dry_run_dir:
+    files = sorted(os.listdir(s.dry_run_dir))
+    convert_steps = [n for n in s.steps if n.count("/") == 1]
+    return "\n".join([
+        f"Dry run: nothing was submitted. The request for job {s.job_name!r} is in "
+        f"{s.dry_run_dir}:",
+        f"  files: {', '.join(files)}",
+        "  job.json is the request body; workflow.tar.gz the toolkit sdist workers install; "
+        "pipeline.pb (pipeline.json) the pipeline:",
+        f"  steps: {', '.join(convert_steps)}",
+    ])
+  if s.job_id is None:
+    return f"Wrote the job to {s.template_location}; no job was started."
+  lines = [f"Submitted job {s.job_id} ({s.job_name}).", f"Console: {s.console_url}"]
+  if s.state:
+    lines.append(f"Final state: {s.state}")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+  logging.getLogger("apache_beam").setLevel(logging.WARNING)
+  try:
+    submission = run(argv)
+  except FlagError as e:
+    return cli.fail(flags.PROG, flags.one_line(str(e)))
+  except Exception as e:  # pylint: disable=broad-except
+    msg = cli.user_error_from(e)
+    if msg is None:
+      raise
+    return cli.fail(flags.PROG, flags.one_line(msg), code=1)
+  print(report(submission))
+  return 0 if submission.state in (None, "DONE") else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,76 @@
+"""Stacking elements into batches, leaf by leaf through nested containers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Sized
+from typing import Any
+
+import numpy as np
+
+
+def _object_array(values: Sequence[Any]) -> np.ndarray:
+  out = np.empty(len(values), dtype=object)
+  if all(isinstance(v, (bytes, str)) for v in values):
+    out[:] = values  # Fast path; numpy does not split bytes/str into items.
+  else:
+    for i, v in enumerate(values):  # Elementwise so sequences stay whole.
+      out[i] = v
+  return out
+
+
+def _stack_leaves(values: Sequence[Any], path: str) -> np.ndarray:
+  first = values[0]
+  if isinstance(first, (bytes, str)) or not isinstance(first, (np.ndarray, np.generic, int, float, bool, complex)):
+    return _object_array(values)
+  try:
+    return np.stack([np.asarray(v) for v in values])
+  except ValueError as e:
+    shapes = sorted({np.shape(v) for v in values})
+    raise ValueError(
+        f"Cannot batch leaf {path or '<element>'}: elements have different "
+        f"shapes {shapes[:5]}. Pad them to one shape in a map() before batch(), "
+        "or pass batch_fn=.") from e
+
+
+def make_batch(values: Sequence[Any], _path: str = "") -> Any:
+  """Stacks `values` along a new leading axis, recursing into containers.
+
+  Dicts (any Mapping), lists, tuples and namedtuples are batched per field and
+  keep their type. Numeric leaves (numpy arrays and scalars, Python numbers)
+  become `np.stack`-ed arrays. `bytes`, `str` and any other object become a
+  1-D numpy array of dtype object holding the original objects: not `np.stack`,
+  whose fixed-width 'S' dtype would silently strip trailing NUL bytes from
+  serialized protos.
+
+  Args:
+    values: A non-empty sequence of elements with the same structure.
+
+  Returns:
+    One element of the same structure whose leaves have a leading batch axis.
+  """
+  if not values:
+    raise ValueError("Cannot batch an empty list of elements.")
+  first = values[0]
+  if isinstance(first, Mapping):
+    keys = list(first.keys())
+    for v in values:
+      if not isinstance(v, Mapping) or list(v.keys()) != keys:
+        raise ValueError(
+            f"Cannot batch {_path or '<element>'}: elements have different keys "
+            f"({keys} vs {list(v.keys()) if isinstance(v, Mapping) else type(v).__name__}).")
+    out = {k: make_batch([v[k] for v in values], f"{_path}[{k!r}]") for k in keys}
+    return out if type(first) is dict else type(first)(out)
+  if isinstance(first, (tuple, list)):
+    n = len(first)
+    for v in values:
+      if type(v) is not type(first) or len(v) != n:
+        raise ValueError(
+            f"Cannot batch {_path or '<element>'}: elements have different "
+            f"structures ({type(first).__name__} of {n} vs {type(v).__name__} "
+            f"of {len(v) if isinstance(v, Sized) else '?'}).")
+    fields = [make_batch([v[i] for v in values], f"{_path}[{i}]") for i in range(n)]
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+      return type(first)(*fields)
+    return type(first)(fields)
+  return _stack_leaves(values, _path)
+

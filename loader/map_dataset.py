@@ -1,0 +1,580 @@
+"""`MapDataset`: a random-access dataset, transformed lazily and in batches.
+
+Every node answers `_getitems(indices)` for a whole numpy vector of indices in
+one call: the source turns it into one batched read per file, `shuffle`
+permutes the vector with a few array operations, `batch` gathers the elements of
+many batches with a single call to its parent. Iterators pull chunks of
+hundreds of indices at a time, so per-element Python overhead stays small.
+
+Epochs: internally every node accepts indices >= len(node). Index `i` means
+epoch `i // len` and position `i % len`, and nodes pass `epoch * len(parent) +
+position'` up, so `shuffle(seed=...).repeat(3)` draws a new permutation per
+epoch and `random_map` sees distinct indices in every epoch. User-facing
+`ds[i]` is bounds-checked (except on an infinite `repeat()`).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import operator
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import numpy as np
+
+from loader import batching
+from loader import permutation
+from loader import source as source_lib
+
+if TYPE_CHECKING:
+  from loader import iter_dataset
+  from loader import options as options_lib
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+_MAX_SEED = 2**32 - 1
+
+
+def _check_seed(seed: Any, what: str) -> int:
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= _MAX_SEED:
+    raise ValueError(f"{what}: seed must be an integer between 0 and 2**32-1 (got {seed=!r}).")
+  return int(seed)
+
+
+def _check_positive_int(value: Any, name: str) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+    raise ValueError(f"{name} must be a positive integer (got {name}={value!r}).")
+  return int(value)
+
+
+def _resolve_fn(transform: Any, method: str, what: str) -> Callable[..., Any]:
+  """Accepts a callable or a Grain-style transform object with `method`."""
+  fn = getattr(transform, method, None)
+  if callable(fn) and not isinstance(transform, type):
+    return fn
+  if callable(transform):
+    return transform
+  raise TypeError(f"{what} expects a callable or an object with a .{method}() method (got {transform!r}).")
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+  return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+class MapDataset(abc.ABC, Generic[T]):
+  """A dataset with a length and random access, like Grain's `MapDataset`.
+
+  Build one from a data source and chain transformations::
+
+    ds = (MapDataset.source(ArrayRecordSource(files))
+          .shuffle(seed=42)
+          .map(parse)
+          .batch(256))
+    for batch in ds.to_iter_dataset():
+      ...
+
+  Each element is a pure function of its index (given the seeds), which is
+  what makes iteration reproducible for any number of workers.
+  """
+
+  def __init__(self, parents: MapDataset | Sequence[MapDataset] = ()):
+    if isinstance(parents, MapDataset):
+      parents = (parents,)
+    self._parents = tuple(parents)
+
+  # ---- Construction -------------------------------------------------------
+
+  @classmethod
+  def source(cls, source: Any) -> MapDataset:
+    """A dataset over a random-access source (`__len__` + `__getitem__`).
+
+    Accepts `ArrayRecordSource`, Grain data sources, `tfds.data_source(...)`,
+    Python sequences, or any object with that protocol. Batched reads use the
+    source's `read`/`__getitems__` when it has one.
+    """
+    if isinstance(source, MapDataset):
+      return source
+    return SourceMapDataset(source)
+
+  @classmethod
+  def range(cls, start: int, stop: int | None = None, step: int = 1) -> MapDataset[int]:
+    """A dataset of integers, like Python's `range`."""
+    return SourceMapDataset(range(start, stop, step) if stop is not None else range(start))
+
+  # ---- Structure ----------------------------------------------------------
+
+  @property
+  def parents(self) -> tuple[MapDataset, ...]:
+    return self._parents
+
+  @property
+  def _parent(self) -> MapDataset:
+    return self._parents[0]
+
+  @abc.abstractmethod
+  def __len__(self) -> int:
+    """Number of elements (sys.maxsize for an infinite `repeat()`)."""
+
+  def _op_repr(self) -> str:
+    return f".{type(self).__name__}()"
+
+  def __repr__(self) -> str:
+    prefix = repr(self._parent) if self._parents else "MapDataset"
+    return prefix + self._op_repr()
+
+  @property
+  def _records_per_element(self) -> int:
+    # How many source records one element costs; sizes iteration chunks.
+    return self._parent._records_per_element if self._parents else 1
+
+  @property
+  def _may_contain_none(self) -> bool:
+    return any(p._may_contain_none for p in self._parents)
+
+  @property
+  def _default_seed(self) -> int | None:
+    return self._parent._default_seed if self._parents else None
+
+  # ---- Element access -----------------------------------------------------
+
+  def _getitems(self, indices: np.ndarray) -> list[T | None]:
+    """Elements at `indices` (int64, possibly >= len: other epochs).
+
+    Subclasses override this. A subclass written against Grain's API that only
+    defines `__getitem__` is served one index at a time.
+    """
+    if type(self).__getitem__ is MapDataset.__getitem__:
+      raise NotImplementedError(f"{type(self).__name__} must implement _getitems or __getitem__.")
+    return [self[int(i)] for i in indices]
+
+  def __getitem__(self, index):
+    """`ds[i]` -> element (None if filtered out); `ds[a:b:c]` -> sliced dataset."""
+    if isinstance(index, slice):
+      return self.slice(index)
+    i = operator.index(index)
+    n = len(self)
+    if n >= sys.maxsize:
+      if i < 0:
+        raise IndexError(f"Index {i} out of range: negative indices are not supported on an infinite dataset.")
+    elif not -n <= i < n:
+      raise IndexError(f"Index {i} out of range for a dataset of length {n}: {self!r}")
+    elif i < 0:
+      i += n
+    return self._getitems(np.array([i], dtype=np.int64))[0]
+
+  def __iter__(self):
+    return iter(self.to_iter_dataset())
+
+  # ---- Transformations ----------------------------------------------------
+
+  def seed(self, seed: int) -> MapDataset[T]:
+    """Sets the default seed of downstream `shuffle`/`random_map` without one.
+
+    Each such transformation derives its own seed from `seed` and its distance
+    from this call in the pipeline.
+    """
+    return _WithSeedMapDataset(self, _check_seed(seed, "seed()"))
+
+  def shuffle(self, seed: int | None = None) -> MapDataset[T]:
+    """Globally shuffles, with a new permutation in every epoch.
+
+    O(1) memory whatever the length: positions go through a seeded Feistel
+    permutation (see `loader.permutation`), never an array of indices.
+
+    Args:
+      seed: Integer in [0, 2**32-1]; defaults to one derived from `seed()`.
+    """
+    return ShuffleMapDataset(self, seed=seed)
+
+  def repeat(self, num_epochs: int | None = None, *, reseed_each_epoch: bool = True) -> MapDataset[T]:
+    """Repeats `num_epochs` times (None: forever, and len() is sys.maxsize).
+
+    Args:
+      num_epochs: Positive number of epochs, or None for infinite.
+      reseed_each_epoch: If True (default) upstream `shuffle`/`random_map` use a
+        new permutation/randomness each epoch; if False epochs are identical.
+    """
+    return RepeatMapDataset(self, num_epochs, reseed_each_epoch=reseed_each_epoch)
+
+  def slice(self, sl: slice) -> MapDataset[T]:
+    """The elements at positions `sl`, like list slicing (also `ds[a:b:c]`)."""
+    return SliceMapDataset(self, sl)
+
+  def shard(self, shard_index: int, shard_count: int, *, drop_remainder: bool = False) -> MapDataset[T]:
+    """A contiguous 1/shard_count of the data, for host sharding.
+
+    Shards partition the dataset: shard i gets positions
+    [i*n//count, (i+1)*n//count), so sizes differ by at most one. With
+    `drop_remainder=True` every shard gets exactly n//count elements (lockstep
+    multi-host training needs equal step counts) and the last n%count are dropped.
+    Shard before `shuffle` so each host reads its own part of the files.
+    """
+    if isinstance(shard_count, bool) or not isinstance(shard_count, (int, np.integer)) or shard_count < 1:
+      raise ValueError(f"shard_count must be a positive integer (got {shard_count=!r}).")
+    if isinstance(shard_index, bool) or not isinstance(shard_index, (int, np.integer)) or not 0 <= shard_index < shard_count:
+      raise ValueError(f"shard_index must be an integer in [0, {shard_count}) (got {shard_index=!r}).")
+    n = len(self)
+    if n >= sys.maxsize:
+      raise ValueError("Cannot shard an infinite dataset; shard before repeat().")
+    if drop_remainder:
+      per = n // shard_count
+      start, stop = shard_index * per, (shard_index + 1) * per
+    else:
+      start, stop = shard_index * n // shard_count, (shard_index + 1) * n // shard_count
+    return SliceMapDataset(self, slice(start, stop), op_repr=f".shard({shard_index}, {shard_count}, drop_remainder={drop_remainder})")
+
+  def shard_by_jax_process(self, *, drop_remainder: bool = True) -> MapDataset[T]:
+    """`shard(jax.process_index(), jax.process_count())`; imports JAX lazily.
+
+    `drop_remainder` defaults to True here: hosts with unequal shard sizes run
+    a different number of steps and deadlock in collectives.
+    """
+    import jax  # pylint: disable=g-import-not-at-top
+
+    return self.shard(jax.process_index(), jax.process_count(), drop_remainder=drop_remainder)
+
+  def map(self, transform: Callable[[T], S]) -> MapDataset[S]:
+    """Applies `transform` to every element (filtered-out Nones stay None)."""
+    return MapMapDataset(self, _resolve_fn(transform, "map", "map()"))
+
+  def map_with_index(self, transform: Callable[[int, T], S]) -> MapDataset[S]:
+    """Applies `transform(index, element)`; index includes the epoch offset."""
+    return MapWithIndexMapDataset(self, _resolve_fn(transform, "map_with_index", "map_with_index()"))
+
+  def random_map(self, transform: Callable[[T, np.random.Generator], S], *, seed: int | None = None) -> MapDataset[S]:
+    """Applies `transform(element, rng)` with a per-element random generator.
+
+    The generator depends only on `seed` and the element's index (epoch
+    included), so results do not depend on iteration order, threads or workers.
+    """
+    return RandomMapMapDataset(self, _resolve_fn(transform, "random_map", "random_map()"), seed=seed)
+
+  def filter(self, predicate: Callable[[T], bool]) -> MapDataset[T]:
+    """Keeps elements where `predicate` is true; others become None.
+
+    As in Grain, `ds[i]` is None for a dropped element and iteration skips it.
+    `batch` cannot follow `filter` on a MapDataset: use
+    `.to_iter_dataset().batch(...)`.
+    """
+    return FilterMapDataset(self, _resolve_fn(predicate, "filter", "filter()"))
+
+  def batch(self, batch_size: int, *, drop_remainder: bool = False,
+            batch_fn: Callable[[Sequence[T]], S] | None = None) -> MapDataset[S]:
+    """Groups consecutive elements into batches (see `batching.make_batch`).
+
+    Each epoch is batched separately. bytes/str leaves become 1-D numpy object
+    arrays holding the original objects.
+    """
+    return BatchMapDataset(self, batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
+
+  def to_iter_dataset(self, read_options: options_lib.ReadOptions | None = None, *,
+                      allow_nones: bool = False) -> iter_dataset.IterDataset[T]:
+    """An `IterDataset` over the elements in index order, skipping None.
+
+    Args:
+      read_options: Threads and chunking for computing elements in this process.
+      allow_nones: Yield filtered-out elements as None instead of skipping them.
+    """
+    from loader import iter_dataset  # pylint: disable=g-import-not-at-top
+
+    return iter_dataset.MapBackedIterDataset(self, read_options=read_options, allow_nones=allow_nones)
+
+
+def _infinite(n: int) -> bool:
+  return n >= sys.maxsize
+
+
+def _require_nonempty(ds: MapDataset, n: int) -> None:
+  if n == 0:
+    raise IndexError(f"Cannot read from an empty dataset: {ds!r}")
+
+
+class SourceMapDataset(MapDataset[T]):
+  """Wraps a random-access source; reads are batched per call."""
+
+  def __init__(self, source: Any):
+    super().__init__()
+    if isinstance(source, source_lib.ArrayRecordSource):
+      self._reader = source
+    else:
+      self._reader = source_lib.BatchedSource(source)
+    self._source = source
+    self._len = len(source)
+
+  def __len__(self) -> int:
+    return self._len
+
+  def __repr__(self) -> str:
+    return f"MapDataset.source({self._source!r})"
+
+  def _getitems(self, indices: np.ndarray) -> list[T]:
+    _require_nonempty(self, self._len)
+    return self._reader.read(indices % self._len)
+
+
+class _WithSeedMapDataset(MapDataset[T]):
+
+  def __init__(self, parent: MapDataset[T], seed: int):
+    super().__init__(parent)
+    self._seed = seed
+
+  def __len__(self) -> int:
+    return len(self._parent)
+
+  def _op_repr(self) -> str:
+    return f".seed({self._seed})"
+
+  @property
+  def _default_seed(self) -> int | None:
+    return self._seed
+
+  def _getitems(self, indices: np.ndarray) -> list[T]:
+    return self._parent._getitems(indices)
+
+
+def _seed_or_default(ds: MapDataset, seed: int | None, what: str) -> int:
+  if seed is not None:
+    return _check_seed(seed, what)
+  base = ds._default_seed  # pylint: disable=protected-access
+  if base is None:
+    raise ValueError(f"{what} needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
+  # Distinct per position in the pipeline so two shuffles do not coincide.
+  depth, node = 0, ds
+  while not isinstance(node, _WithSeedMapDataset):
+    depth += 1
+    node = node._parent  # pylint: disable=protected-access
+  return permutation._splitmix64((base << 16) ^ depth) & _MAX_SEED  # pylint: disable=protected-access
+
+
+class ShuffleMapDataset(MapDataset[T]):
+  """Global shuffle by a per-epoch seeded permutation (O(1) memory)."""
+
+  def __init__(self, parent: MapDataset[T], *, seed: int | None = None):
+    super().__init__(parent)
+    self._seed = _seed_or_default(parent, seed, "shuffle()")
+    self._parent_len = len(parent)
+    if _infinite(self._parent_len):
+      raise ValueError("Cannot shuffle an infinite dataset; shuffle before repeat().")
+    self._perms: dict[int, permutation.IndexPermutation] = {}
+
+  def __len__(self) -> int:
+    return self._parent_len
+
+  def _op_repr(self) -> str:
+    return f".shuffle(seed={self._seed})"
+
+  def _perm(self, epoch: int) -> permutation.IndexPermutation:
+    perm = self._perms.get(epoch)
+    if perm is None:
+      if len(self._perms) > 8:
+        self._perms.clear()
+      perm = self._perms[epoch] = permutation.IndexPermutation(self._parent_len, self._seed, epoch)
+    return perm
+
+  def _getitems(self, indices: np.ndarray) -> list[T]:
+    n = self._parent_len
+    _require_nonempty(self, n)
+    if not indices.size:
+      return []
+    epochs, pos = np.divmod(indices, n)
+    first = int(epochs[0])
+    if (epochs == first).all():  # The common case: a chunk within one epoch.
+      shuffled = self._perm(first)(pos)
+    else:
+      shuffled = np.empty_like(pos)
+      for e in np.unique(epochs):
+        mask = epochs == e
+        shuffled[mask] = self._perm(int(e))(pos[mask])
+    return self._parent._getitems(epochs * n + shuffled)
+
+  def __getstate__(self):
+    state = self.__dict__.copy()
+    state["_perms"] = {}
+    return state
+
+
+class RepeatMapDataset(MapDataset[T]):
+  """Repeats the parent; with reseeding, upstream randomness changes per epoch."""
+
+  def __init__(self, parent: MapDataset[T], num_epochs: int | None = None, *, reseed_each_epoch: bool = True):
+    super().__init__(parent)
+    if num_epochs is not None:
+      num_epochs = _check_positive_int(num_epochs, "num_epochs")
+    self._parent_len = len(parent)
+    if _infinite(self._parent_len):
+      raise ValueError(f"Cannot repeat an infinite dataset: {parent!r}")
+    self._num_epochs = num_epochs
+    self._reseed = reseed_each_epoch
+    if num_epochs is None:
+      self._len = sys.maxsize if self._parent_len else 0
+    else:
+      self._len = num_epochs * self._parent_len
+
+  def __len__(self) -> int:
+    return self._len
+
+  def _op_repr(self) -> str:
+    return f".repeat({self._num_epochs})"
+
+  def _getitems(self, indices: np.ndarray) -> list[T]:
+    if not self._reseed:
+      _require_nonempty(self, self._parent_len)
+      indices = indices % self._parent_len
+    return self._parent._getitems(indices)
+
+
+class SliceMapDataset(MapDataset[T]):
+  """Positions `sl` of the parent, like list slicing."""
+
+  def __init__(self, parent: MapDataset[T], sl: slice, *, op_repr: str | None = None):
+    super().__init__(parent)
+    if not isinstance(sl, slice):
+      raise TypeError(f"slice() expects a slice object, e.g. slice(0, 100) (got {sl!r}).")
+    self._parent_len = len(parent)
+    self._start, self._stop, self._step = sl.indices(self._parent_len)
+    self._len = len(range(self._start, self._stop, self._step))
+    self._repr = op_repr or f"[{self._start}:{self._stop}:{self._step}]"
+
+  def __len__(self) -> int:
+    return self._len
+
+  def _op_repr(self) -> str:
+    return self._repr
+
+  def _getitems(self, indices: np.ndarray) -> list[T]:
+    _require_nonempty(self, self._len)
+    epochs, pos = np.divmod(indices, self._len)
+    return self._parent._getitems(self._start + pos * self._step + epochs * self._parent_len)
+
+
+class MapMapDataset(MapDataset[S]):
+  """Applies a function to each element."""
+
+  def __init__(self, parent: MapDataset[T], fn: Callable[[T], S]):
+    super().__init__(parent)
+    self._fn = fn
+
+  def __len__(self) -> int:
+    return len(self._parent)
+
+  def _op_repr(self) -> str:
+    return f".map({_fn_name(self._fn)})"
+
+  def _getitems(self, indices: np.ndarray) -> list[S | None]:
+    fn = self._fn
+    return [None if x is None else fn(x) for x in self._parent._getitems(indices)]
+
+
+class MapWithIndexMapDataset(MapDataset[S]):
+  """Applies a function to (index, element)."""
+
+  def __init__(self, parent: MapDataset[T], fn: Callable[[int, T], S]):
+    super().__init__(parent)
+    self._fn = fn
+
+  def __len__(self) -> int:
+    return len(self._parent)
+
+  def _op_repr(self) -> str:
+    return f".map_with_index({_fn_name(self._fn)})"
+
+  def _getitems(self, indices: np.ndarray) -> list[S | None]:
+    fn = self._fn
+    items = self._parent._getitems(indices)
+    return [None if x is None else fn(i, x) for i, x in zip(indices.tolist(), items)]
+
+
+class RandomMapMapDataset(MapDataset[S]):
+  """Applies fn(element, rng) with rng = Philox(key=seed) at counter `index`."""
+
+  def __init__(self, parent: MapDataset[T], fn: Callable[[T, np.random.Generator], S], *, seed: int | None = None):
+    super().__init__(parent)
+    self._fn = fn
+    self._seed = _seed_or_default(parent, seed, "random_map()")
+
+  def __len__(self) -> int:
+    return len(self._parent)
+
+  def _op_repr(self) -> str:
+    return f".random_map({_fn_name(self._fn)}, seed={self._seed})"
+
+  def _getitems(self, indices: np.ndarray) -> list[S | None]:
+    fn, seed = self._fn, self._seed
+    out = []
+    for i, x in zip(indices.tolist(), self._parent._getitems(indices)):
+      if x is None:
+        out.append(None)
+        continue
+      # The index sits in the counter's top 64 bits: Philox increments the low
+      # word, so each element gets its own 2**192-block stream, no overlaps.
+      rng = np.random.Generator(np.random.Philox(key=seed, counter=i << 192))
+      out.append(fn(x, rng))
+    return out
+
+
+class FilterMapDataset(MapDataset[T]):
+  """Replaces elements failing the predicate with None."""
+
+  def __init__(self, parent: MapDataset[T], predicate: Callable[[T], bool]):
+    super().__init__(parent)
+    self._fn = predicate
+
+  def __len__(self) -> int:
+    return len(self._parent)
+
+  def _op_repr(self) -> str:
+    return f".filter({_fn_name(self._fn)})"
+
+  @property
+  def _may_contain_none(self) -> bool:
+    return True
+
+  def _getitems(self, indices: np.ndarray) -> list[T | None]:
+    fn = self._fn
+    return [x if x is not None and fn(x) else None for x in self._parent._getitems(indices)]
+
+
+class BatchMapDataset(MapDataset[S]):
+  """Consecutive elements stacked into batches; one parent call per chunk."""
+
+  def __init__(self, parent: MapDataset[T], batch_size: int, *, drop_remainder: bool = False,
+               batch_fn: Callable[[Sequence[T]], S] | None = None):
+    super().__init__(parent)
+    self._batch_size = _check_positive_int(batch_size, "batch_size")
+    if parent._may_contain_none:
+      raise ValueError(
+          "MapDataset.batch cannot follow filter(): filtered-out elements would "
+          "leave holes in batches. Use ds.to_iter_dataset().batch(...) instead.")
+    self._parent_len = len(parent)
+    self._drop_remainder = bool(drop_remainder)
+    self._batch_fn = batch_fn or batching.make_batch
+    if drop_remainder:
+      self._len = self._parent_len // self._batch_size
+    else:
+      self._len = math.ceil(self._parent_len / self._batch_size)
+
+  def __len__(self) -> int:
+    return self._len
+
+  def _op_repr(self) -> str:
+    return f".batch({self._batch_size}, drop_remainder={self._drop_remainder})"
+
+  @property
+  def _records_per_element(self) -> int:
+    return self._batch_size * self._parent._records_per_element
+
+  def _getitems(self, indices: np.ndarray) -> list[S]:
+    _require_nonempty(self, self._len)
+    epochs, pos = np.divmod(indices, self._len)
+    starts = pos * self._batch_size
+    counts = np.minimum(starts + self._batch_size, self._parent_len) - starts
+    starts += epochs * self._parent_len
+    # All elements of all requested batches in one parent call.
+    offsets = np.cumsum(counts) - counts
+    flat = np.repeat(starts - offsets, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+    items = self._parent._getitems(flat)
+    batch_fn = self._batch_fn
+    return [batch_fn(items[o:o + c]) for o, c in zip(offsets.tolist(), counts.tolist())]

@@ -1,0 +1,346 @@
+"""`mp_prefetch`: the random-access prefix of a pipeline, computed in processes.
+
+Chunk c of prefix positions goes to worker c % num_workers; the parent
+receives chunks in order, so the stream does not depend on the worker count
+(see `loader.iter_dataset` for which stages form the prefix). Workers are
+started with the 'spawn' method: fork would copy JAX/TensorFlow runtime threads
+and locks into the child, which can deadlock. The pipeline is sent once with
+cloudpickle, so lambdas and locally defined functions work.
+
+Lifecycle. Workers ignore SIGINT (the parent decides when to stop), exit when
+the parent sends "stop", closes the pipe, or dies (a watchdog thread polls
+os.getppid()). On parent death a worker unlinks the shared-memory segments it
+sent but the parent never acknowledged. The parent closes workers on
+`close()`, garbage collection, interpreter exit and errors, unlinks every
+segment it received, and finally sweeps segments carrying its prefix, which
+only a killed worker can have left behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import secrets
+import signal
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from loader import ipc
+from loader import iter_dataset as iter_lib
+from loader import map_dataset as map_lib
+from loader import options as options_lib
+
+_PARENT_POLL_S = 0.5
+_STOP_GRACE_S = 1.0
+
+
+class WorkerError(RuntimeError):
+  """A worker process failed; the message holds the worker's traceback."""
+
+
+def _dumps(obj: Any) -> bytes:
+  try:
+    import cloudpickle  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    try:
+      return pickle.dumps(obj)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+      raise TypeError(
+          "mp_prefetch could not pickle the pipeline (lambdas and local "
+          "functions need cloudpickle: pip install cloudpickle).") from e
+  return cloudpickle.dumps(obj)
+
+
+def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_prefix: str,
+                 parent_pid: int) -> None:
+  """Worker loop: compute requested chunks until told to stop."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  outstanding: set[str] = set()  # Sent segments the parent has not acknowledged.
+  lock = threading.Lock()
+
+  def orphaned() -> None:
+    with lock:
+      for name in list(outstanding):
+        ipc.unlink(name)
+    os._exit(0)  # pylint: disable=protected-access
+
+  def watchdog() -> None:
+    while True:
+      time.sleep(_PARENT_POLL_S)
+      if os.getppid() != parent_pid:
+        orphaned()
+
+  threading.Thread(target=watchdog, name="loader-parent-watchdog", daemon=True).start()
+  try:
+    ds, worker_init_fn = pickle.loads(payload)
+    if worker_init_fn is not None:
+      worker_init_fn(worker_index, num_workers)
+  except BaseException:  # pylint: disable=broad-except
+    conn.send(("fatal", traceback.format_exc()))
+    return
+  seq = 0
+  while True:
+    try:
+      msg = conn.recv()
+    except (EOFError, OSError):
+      orphaned()
+    if msg[0] == "stop":
+      break
+    _, gen, chunk_id, start, stop, released = msg
+    with lock:
+      outstanding.difference_update(released)
+    try:
+      elements = ds._getitems(np.arange(start, stop, dtype=np.int64))  # pylint: disable=protected-access
+      seq += 1
+      name = f"{shm_prefix}{worker_index}_{seq}"
+      with lock:
+        desc = ipc.encode(elements, name)
+        if ipc.segment_name(desc) is not None:
+          outstanding.add(name)
+      del elements
+      conn.send(("ok", gen, chunk_id, desc))
+    except BaseException as e:  # pylint: disable=broad-except
+      try:
+        exc_bytes = pickle.dumps(e)
+      except Exception:  # pylint: disable=broad-except
+        exc_bytes = None
+      try:
+        conn.send(("error", gen, chunk_id, traceback.format_exc(), exc_bytes))
+      except (BrokenPipeError, OSError):
+        orphaned()
+  conn.close()
+
+
+def _shutdown(procs: list, conns: list, shm_prefix: str) -> None:
+  """Stops workers and frees every segment; safe to call more than once."""
+  for conn in conns:
+    try:
+      conn.send(("stop",))
+    except (OSError, ValueError):
+      pass
+  deadline = time.monotonic() + _STOP_GRACE_S
+  for proc, conn in zip(procs, conns):
+    # Keep reading while waiting: a worker blocked on a full pipe cannot exit.
+    while True:
+      try:
+        if conn.poll(0.02):
+          msg = conn.recv()
+          if msg[0] == "ok":
+            ipc.release(msg[3])
+          continue
+      except (EOFError, OSError, ValueError):
+        pass
+      if not proc.is_alive():
+        break
+      if time.monotonic() > deadline:
+        proc.terminate()
+        proc.join(1.0)
+        if proc.is_alive():
+          proc.kill()
+        break
+    proc.join(1.0)
+    try:
+      while conn.poll(0):
+        msg = conn.recv()
+        if msg[0] == "ok":
+          ipc.release(msg[3])
+    except (EOFError, OSError, ValueError):
+      pass
+    conn.close()
+  procs.clear()
+  conns.clear()
+  ipc.sweep(shm_prefix)
+
+
+class MultiprocessChunkProducer:
+  """Hands out chunks of a MapDataset computed by worker processes, in order."""
+
+  def __init__(self, ds: map_lib.MapDataset, options: options_lib.MultiprocessingOptions,
+               worker_init_fn: Callable[[int, int], None] | None):
+    self._ds = ds
+    self._len = len(ds)
+    self._num_workers = options.num_workers
+    self._in_flight = options.per_worker_buffer_size + 1  # One computing, rest buffered.
+    self._sizer = iter_lib.ChunkSizer(ds, options.chunk_size)
+    self._worker_init_fn = worker_init_fn
+    self._procs: list[Any] = []
+    self._conns: list[Any] = []
+    self._prefix = f"arl{os.getpid()}_{secrets.token_hex(3)}_"
+    self._gen = 0
+    self._chunks: dict[int, tuple[int, int]] = {}  # chunk id -> (start, stop)
+    self._next_start = 0
+    self._next_request = 0
+    self._next_consume = 0
+    self._released: list[list[str]] = [[] for _ in range(self._num_workers)]
+    self._error: BaseException | None = None
+    self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._prefix)
+
+  def _start_workers(self) -> None:
+    payload = _dumps((self._ds, self._worker_init_fn))
+    ctx = multiprocessing.get_context("spawn")
+    for w in range(self._num_workers):
+      parent_conn, child_conn = ctx.Pipe(duplex=True)
+      proc = ctx.Process(
+          target=_worker_main,
+          args=(w, self._num_workers, child_conn, payload, self._prefix, os.getpid()),
+          name=f"loader-worker-{w}", daemon=True)
+      proc.start()
+      child_conn.close()
+      self._procs.append(proc)
+      self._conns.append(parent_conn)
+
+  @property
+  def worker_pids(self) -> list[int]:
+    return [p.pid for p in self._procs]
+
+  def reset(self, start: int) -> None:
+    # Results of older requests are recognised by generation and dropped.
+    self._gen += 1
+    self._chunks.clear()
+    self._next_start = start
+    self._next_request = self._next_consume = 0
+
+  def _top_up(self) -> None:
+    limit = self._next_consume + self._num_workers * self._in_flight
+    while self._next_request < limit and self._next_start < self._len:
+      c = self._next_request
+      start, stop = self._next_start, min(self._next_start + self._sizer.size, self._len)
+      w = c % self._num_workers
+      released, self._released[w] = self._released[w], []
+      try:
+        self._conns[w].send(("task", self._gen, c, start, stop, released))
+      except (OSError, ValueError):
+        self._raise_dead(w)
+      self._chunks[c] = (start, stop)
+      self._next_start = stop
+      self._next_request += 1
+
+  def _raise_dead(self, w: int) -> None:
+    proc = self._procs[w]
+    proc.join(0.1)
+    raise WorkerError(
+        f"Worker {w} (pid {proc.pid}) exited unexpectedly with exit code "
+        f"{proc.exitcode} while computing {self._ds!r}. A negative code is the "
+        "signal that killed it (-9: SIGKILL, often the out-of-memory killer).")
+
+  def _receive(self, w: int) -> tuple:
+    conn, proc = self._conns[w], self._procs[w]
+    while True:
+      ready = multiprocessing.connection.wait([conn, proc.sentinel])
+      if conn not in ready:
+        if conn.poll(0):
+          continue
+        self._raise_dead(w)
+      try:
+        msg = conn.recv()
+      except (EOFError, OSError):
+        self._raise_dead(w)
+      if msg[0] == "fatal":
+        raise WorkerError(f"Worker {w} (pid {proc.pid}) failed to start:\n{msg[1]}")
+      if msg[1] != self._gen:
+        if msg[0] == "ok":
+          self._release(w, msg[3])
+        continue
+      return msg
+
+  def _release(self, w: int, desc: tuple) -> None:
+    ipc.release(desc)
+    name = ipc.segment_name(desc)
+    if name is not None:
+      self._released[w].append(name)
+
+  def next_chunk(self) -> tuple[int, list[Any]] | None:
+    if self._error is not None:
+      raise self._error
+    if not self._procs:
+      self._start_workers()
+    self._top_up()
+    c = self._next_consume
+    if c not in self._chunks:
+      return None
+    w = c % self._num_workers
+    try:
+      msg = self._receive(w)
+    except BaseException as e:
+      self._error = e
+      self.close()
+      raise
+    start, stop = self._chunks.pop(c)
+    if msg[0] == "error":
+      _, _, _, tb, exc_bytes = msg
+      cause = None
+      if exc_bytes is not None:
+        try:
+          cause = pickle.loads(exc_bytes)
+        except Exception:  # pylint: disable=broad-except
+          cause = None
+      self._error = WorkerError(
+          f"Worker {w} (pid {self._procs[w].pid}) raised while computing elements "
+          f"[{start}, {stop}) of {self._ds!r}:\n\n{tb}")
+      self.close()
+      raise self._error from cause
+    desc = msg[3]
+    elements = ipc.decode(desc)
+    name = ipc.segment_name(desc)
+    if name is not None:
+      self._released[w].append(name)
+    self._sizer.observe(elements)
+    self._next_consume += 1
+    self._top_up()
+    return start, elements
+
+  def close(self) -> None:
+    self._finalizer()
+
+
+class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
+  """The parent pipeline with its random-access prefix computed in workers."""
+
+  def __init__(self, parent: iter_lib.IterDataset, options: options_lib.MultiprocessingOptions | None,
+               worker_init_fn: Callable[[int, int], None] | None):
+    super().__init__(parent)
+    if options is None:
+      options = options_lib.MultiprocessingOptions(num_workers=os.cpu_count() or 1)
+    if not isinstance(options, options_lib.MultiprocessingOptions):
+      raise TypeError(f"mp_prefetch expects loader.MultiprocessingOptions (got {options!r}).")
+    self._options = options
+    self._worker_init_fn = worker_init_fn
+    # Fail at construction, not at the first next(), on unsupported pipelines.
+    self._split()
+
+  def _op_repr(self) -> str:
+    return f".mp_prefetch(num_workers={self._options.num_workers})"
+
+  def _split(self) -> tuple[iter_lib.MapBackedIterDataset, list[iter_lib.SequentialIterDataset]]:
+    stages = []
+    node = self._parent
+    while not isinstance(node, iter_lib.MapBackedIterDataset):
+      if isinstance(node, MultiprocessPrefetchIterDataset):
+        raise ValueError("mp_prefetch cannot be applied twice in one pipeline.")
+      if not isinstance(node, iter_lib.SequentialIterDataset):
+        raise TypeError(
+            f"mp_prefetch needs a pipeline built from a MapDataset "
+            f"(MapDataset...to_iter_dataset() followed by map/filter/batch/prefetch); "
+            f"it cannot parallelise {type(node).__name__}.")
+      stages.append(node)
+      node = node._parent  # pylint: disable=protected-access
+    return node, stages[::-1]
+
+  def __iter__(self) -> iter_lib.DatasetIterator:
+    base, stages = self._split()
+    if self._options.num_workers == 0:
+      it = iter(base)
+    else:
+      producer = MultiprocessChunkProducer(base.map_dataset, self._options, self._worker_init_fn)
+      it = iter_lib.MapDatasetIterator(base.map_dataset, producer, allow_nones=base.allow_nones)
+    for stage in stages:
+      it = stage.make_iterator(it)
+    return it

@@ -1,0 +1,416 @@
+"""Random-access data sources: ArrayRecord files, and adapters for any other.
+
+A data source is anything with `__len__` and `__getitem__(int)` that is
+picklable (the protocol Grain and `tfds.data_source` use). `ArrayRecordSource`
+adds a batched `read(indices)` that issues one `ArrayRecordReader.read` per
+file, which is what makes shuffled reading fast: a single-record read costs a
+fixed ~0.1 ms that grows with the number of chunks in the file, and a batched
+read amortises it (and releases the GIL).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import glob
+import json
+import os
+import re
+import struct
+import threading
+import warnings
+from collections.abc import Sequence
+from typing import Any, Protocol, SupportsIndex, TypeVar, runtime_checkable
+
+import numpy as np
+
+T = TypeVar("T")
+
+MANIFEST_NAME = "manifest.json"
+# Random access wants no readahead (it would read megabytes per record) and a
+# small file buffer (the 1 MiB default costs memory per open file per process).
+DEFAULT_READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+_FILE_READER_BUFFER_SIZE = 64 * 1024
+_GROUP_SIZE_RE = re.compile(r"(?:^|,)group_size:(\d+)")
+
+
+@runtime_checkable
+class RandomAccessDataSource(Protocol[T]):
+  """What `MapDataset.source` accepts: sized, indexable and picklable."""
+
+  def __len__(self) -> int:
+    ...
+
+  def __getitem__(self, index: SupportsIndex) -> T:
+    ...
+
+
+def _reader_class():
+  # Imported on first use so `import loader` stays cheap for tools that only
+  # build pipelines (and so a missing wheel gives an actionable message).
+  try:
+    from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+        "ArrayRecordSource needs the array_record package: pip install array-record"
+    ) from e
+  return ArrayRecordReader
+
+
+def _describe_non_array_record(path: str) -> str:
+  """Says what a file that ArrayRecordReader rejects looks like instead."""
+  try:
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+      head = f.read(16)
+  except OSError as e:
+    return f"it cannot be read ({e})"
+  if size == 0:
+    return "it is empty (0 bytes)"
+  if head[:2] == b"\x1f\x8b":
+    return "it is gzip-compressed (a compressed TFRecord file?)"
+  if len(head) >= 12 and _looks_like_tfrecord(head):
+    return ("it is a TFRecord file; convert it first (e.g. with "
+            "`arrayrecord-convert`)")
+  return f"its first bytes are {head[:8]!r} ({size} bytes in total)"
+
+
+def _looks_like_tfrecord(head: bytes) -> bool:
+  # A TFRecord starts with uint64 length + masked crc32c of those 8 bytes.
+  try:
+    import crc32c  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  crc = crc32c.crc32c(head[:8])
+  masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+  return struct.unpack("<I", head[8:12])[0] == masked
+
+
+def _group_size(writer_options: str) -> int | None:
+  m = _GROUP_SIZE_RE.search(writer_options or "")
+  return int(m.group(1)) if m else None
+
+
+def _warn_group_size(path: str, writer_options: str) -> None:
+  group_size = _group_size(writer_options)
+  if group_size is not None and group_size > 1:
+    warnings.warn(
+        f"{path} was written with group_size:{group_size}: every random read "
+        f"decodes a chunk of {group_size} records, which makes shuffled "
+        "reading many times slower. Re-convert it with writer options "
+        "'group_size:1' (the converter's default).",
+        stacklevel=3,
+    )
+
+
+def _open_reader(path: str, options: str):
+  reader_cls = _reader_class()
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"ArrayRecord file not found: {path}")
+  try:
+    reader = reader_cls(path, options, file_reader_buffer_size=_FILE_READER_BUFFER_SIZE)
+  except RuntimeError as e:
+    raise ValueError(
+        f"{path} is not an ArrayRecord file: {_describe_non_array_record(path)} "
+        f"(reader: {e}).") from e
+  # Depending on the options the reader may not raise on a bad file, only
+  # report it through ok().
+  if not reader.ok():
+    try:
+      reader.close()
+    except RuntimeError as e:  # close() re-raises the reader's failure status.
+      status = str(e)
+    else:
+      status = "not ok"
+    raise ValueError(
+        f"{path} is not an ArrayRecord file: {_describe_non_array_record(path)} "
+        f"(reader: {status}).")
+  return reader
+
+
+def _count_records(path: str, options: str) -> tuple[int, str]:
+  reader = _open_reader(path, options)
+  try:
+    return reader.num_records(), reader.writer_options_string()
+  finally:
+    reader.close()
+
+
+def _read_manifest(directory: str) -> list[tuple[str, int]]:
+  """(path, records) per shard, in the manifest's order."""
+  path = os.path.join(directory, MANIFEST_NAME)
+  try:
+    with open(path) as f:
+      manifest = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON: {e}") from e
+  shards = manifest.get("shards") if isinstance(manifest, dict) else None
+  if not isinstance(shards, list):
+    raise ValueError(f"{path} has no 'shards' list; is it a converter manifest?")
+  failed = [s.get("output") for s in shards if isinstance(s, dict) and s.get("status") == "failed"]
+  if failed:
+    raise ValueError(
+        f"{path} lists {len(failed)} shard(s) whose conversion failed "
+        f"(e.g. {failed[0]}); re-run the conversion before reading the dataset.")
+  out = []
+  for i, shard in enumerate(shards):
+    output = shard.get("output") if isinstance(shard, dict) else None
+    records = shard.get("records") if isinstance(shard, dict) else None
+    if not isinstance(output, str) or not isinstance(records, int) or records < 0:
+      raise ValueError(
+          f"{path}: shard {i} needs 'output' (a path) and 'records' (an int >= 0); "
+          f"got {shard!r}.")
+    out.append((_locate_shard(directory, output), records))
+  return out
+
+
+def _locate_shard(directory: str, output: str) -> str:
+  # Manifests written on Dataflow name gs:// outputs; a copied dataset keeps
+  # the manifest next to the shards, so fall back to the file name.
+  candidates = [output] if os.path.isabs(output) else []
+  candidates += [os.path.join(directory, output), os.path.join(directory, os.path.basename(output))]
+  for c in candidates:
+    if os.path.exists(c):
+      return c
+  return candidates[0] if os.path.isabs(output) else candidates[-1]
+
+
+def _resolve_paths(paths) -> list[tuple[str, int | None]]:
+  """Expands paths/globs/directories into (file, known record count or None)."""
+  if isinstance(paths, (str, os.PathLike)):
+    items = [paths]
+  elif isinstance(paths, Sequence):
+    items = list(paths)
+  else:
+    raise TypeError(
+        "paths must be a path, a glob pattern, a directory or a sequence of "
+        f"paths (got {type(paths).__name__}).")
+  if not items:
+    raise ValueError("ArrayRecordSource needs at least one path (got an empty list).")
+  files: list[tuple[str, int | None]] = []
+  for item in items:
+    p = os.fspath(item)
+    if not isinstance(p, str):
+      raise TypeError(f"Paths must be str or os.PathLike (got {item!r}).")
+    if os.path.isdir(p):
+      if os.path.exists(os.path.join(p, MANIFEST_NAME)):
+        files.extend(_read_manifest(p))
+        continue
+      found = sorted(f for f in glob.glob(os.path.join(glob.escape(p), "*.array_record*"))
+                     if os.path.isfile(f))
+      if not found:
+        raise FileNotFoundError(
+            f"Directory {p} has neither a {MANIFEST_NAME} nor any *.array_record* files.")
+      files.extend((f, None) for f in found)
+    elif glob.has_magic(p):
+      found = sorted(f for f in glob.glob(p) if os.path.isfile(f))
+      if not found:
+        raise FileNotFoundError(f"No files match the pattern {p!r}.")
+      files.extend((f, None) for f in found)
+    elif not os.path.exists(p):
+      raise FileNotFoundError(f"ArrayRecord file not found: {p}")
+    else:
+      files.append((p, None))
+  return files
+
+
+class ArrayRecordSource:
+  """Random access to the records of one or more ArrayRecord files.
+
+  Records are numbered across files in order: file 0's records first. Besides
+  `len(src)` and `src[i]` (the Grain/TFDS data source protocol, so the source
+  also plugs into `grain.MapDataset.source`), `src.read(indices)` reads many
+  records with one batched `ArrayRecordReader.read` per file.
+
+  Readers are opened lazily, once per process: pickling drops them and a
+  forked child reopens its own. One source may be read from several threads
+  at once (the readers are thread-safe; opening is locked).
+
+  Example::
+
+    src = ArrayRecordSource("/data/train")        # manifest.json or *.array_record*
+    src = ArrayRecordSource("/data/train-*.array_record")
+    records = src.read([17, 3, 17])               # list of bytes, in that order
+  """
+
+  def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], *,
+               reader_options: str = DEFAULT_READER_OPTIONS):
+    """Opens the index of every file.
+
+    Args:
+      paths: A file, a glob pattern, a directory (its `manifest.json` shard order
+        if present, else its sorted `*.array_record*` files), or a sequence of
+        any of these.
+      reader_options: `ArrayRecordReader` options; the default suits random access.
+    """
+    self._reader_options = reader_options
+    resolved = _resolve_paths(paths)
+    self._paths = [p for p, _ in resolved]
+    self._expected = [n for _, n in resolved]  # From a manifest, checked on open.
+    counts = list(self._expected)
+    unknown = [i for i, n in enumerate(counts) if n is None]
+    if unknown:
+      with concurrent.futures.ThreadPoolExecutor(min(16, len(unknown))) as pool:
+        results = list(pool.map(lambda i: _count_records(self._paths[i], reader_options), unknown))
+      for i, (n, writer_options) in zip(unknown, results):
+        counts[i] = n
+        _warn_group_size(self._paths[i], writer_options)
+    if len(unknown) < len(counts):
+      # Counts came from a manifest; still fail fast on a wrong or missing file
+      # rather than in the middle of training.
+      first = next(i for i, n in enumerate(self._expected) if n is not None)
+      n, writer_options = _count_records(self._paths[first], reader_options)
+      self._check_count(first, n)
+      _warn_group_size(self._paths[first], writer_options)
+    self._counts = np.asarray(counts, dtype=np.int64)
+    self._ends = np.cumsum(self._counts)
+    self._starts = self._ends - self._counts
+    self._len = int(self._ends[-1]) if len(self._ends) else 0
+    self._init_process_state()
+
+  def _init_process_state(self) -> None:
+    self._readers: list[Any] = [None] * len(self._paths)
+    self._lock = threading.Lock()
+    self._pid = os.getpid()
+
+  def _check_count(self, file_index: int, n: int) -> None:
+    expected = self._expected[file_index]
+    if expected is not None and n != expected:
+      raise ValueError(
+          f"{self._paths[file_index]} has {n} records but its manifest says "
+          f"{expected}; the manifest is stale or the file was replaced.")
+
+  @property
+  def paths(self) -> list[str]:
+    """The files, in record order."""
+    return list(self._paths)
+
+  @property
+  def records_per_file(self) -> list[int]:
+    return self._counts.tolist()
+
+  def __len__(self) -> int:
+    return self._len
+
+  def __repr__(self) -> str:
+    return f"ArrayRecordSource({len(self._paths)} files, {self._len} records)"
+
+  def __getstate__(self):
+    state = self.__dict__.copy()
+    del state["_readers"], state["_lock"], state["_pid"]
+    return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._init_process_state()
+
+  def _reader(self, file_index: int):
+    if self._pid != os.getpid():
+      # Forked: the parent's readers (and possibly a held lock) are not ours.
+      self._init_process_state()
+    reader = self._readers[file_index]
+    if reader is None:
+      with self._lock:
+        reader = self._readers[file_index]
+        if reader is None:
+          reader = _open_reader(self._paths[file_index], self._reader_options)
+          self._check_count(file_index, reader.num_records())
+          self._readers[file_index] = reader
+    return reader
+
+  def _normalize(self, indices) -> np.ndarray:
+    idx = np.asarray(indices)
+    if idx.dtype.kind not in "iu" and idx.size:
+      raise TypeError(f"Record indices must be integers (got dtype {idx.dtype}).")
+    idx = idx.astype(np.int64, copy=False).reshape(-1)
+    if idx.size:
+      lo, hi = int(idx.min()), int(idx.max())
+      if lo < -self._len or hi >= self._len:
+        bad = lo if lo < -self._len else hi
+        raise IndexError(f"Record index {bad} out of range for a source of {self._len} records.")
+      if lo < 0:
+        idx = np.where(idx < 0, idx + self._len, idx)
+    return idx
+
+  def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
+    """Returns the records at `indices` (any order, repeats allowed) in that order.
+
+    Issues one batched read per file touched.
+    """
+    idx = self._normalize(indices)
+    n = idx.size
+    if n == 0:
+      return []
+    file_ids = np.searchsorted(self._ends, idx, side="right")
+    local = idx - self._starts[file_ids]
+    if len(self._paths) == 1 or file_ids.min() == file_ids.max():
+      return self._reader(int(file_ids[0])).read(local.tolist())
+    order = np.argsort(file_ids, kind="stable")
+    sorted_ids = file_ids[order]
+    bounds = np.flatnonzero(np.diff(sorted_ids)) + 1
+    out = np.empty(n, dtype=object)
+    for group in np.split(order, bounds):
+      records = self._reader(int(file_ids[group[0]])).read(local[group].tolist())
+      # Filling an object array from a list of bytes keeps each bytes object.
+      placed = np.empty(len(records), dtype=object)
+      placed[:] = records
+      out[group] = placed
+    return out.tolist()
+
+  def __getitems__(self, indices: Sequence[int]) -> list[bytes]:
+    return self.read(indices)
+
+  # Grain's batched-source protocol (SupportsBatchedReadRandomAccessDataSource).
+  _getitems = __getitems__
+
+  def __getitem__(self, index: SupportsIndex) -> bytes:
+    i = index.__index__()
+    if not -self._len <= i < self._len:
+      raise IndexError(f"Record index {i} out of range for a source of {self._len} records.")
+    return self.read([i])[0]
+
+  def close(self) -> None:
+    """Closes this process's readers; they reopen on the next read."""
+    with self._lock:
+      for reader in self._readers:
+        if reader is not None:
+          reader.close()
+      self._readers = [None] * len(self._paths)
+
+  def __enter__(self) -> ArrayRecordSource:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+class BatchedSource:
+  """Gives any random-access source the batched `read(indices)` of ArrayRecordSource.
+
+  Uses the wrapped source's own batched read when it has one (`read` of an
+  ArrayRecordSource, `__getitems__` as in Grain's ArrayRecordDataSource and
+  `tfds.data_source`, or Grain's `_getitems`), else one `__getitem__` per index.
+  """
+
+  def __init__(self, source: Any):
+    if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+      raise TypeError(
+          "A data source needs __len__ and __getitem__ (the random-access "
+          f"protocol); got {type(source).__name__}.")
+    self.source = source
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def __repr__(self) -> str:
+    return repr(self.source)
+
+  def read(self, indices: np.ndarray) -> list[Any]:
+    keys = np.asarray(indices, dtype=np.int64).tolist()
+    src = self.source
+    if isinstance(src, ArrayRecordSource):
+      return src.read(keys)
+    for name in ("__getitems__", "_getitems"):
+      batched = getattr(src, name, None)
+      if batched is not None:
+        return list(batched(keys))
+    return [src[i] for i in keys]

@@ -1,0 +1,243 @@
+"""The convert CLI: `pipelines.convert.main([...])` end to end on DirectRunner."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from converter import RecordDigest
+from pipelines import convert
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARDS = 4
+
+
+def shard_records(s: int) -> list[bytes]:
+  return [b""] + [f"shard{s}-rec{i}".encode() * (1 + i % 3) for i in range(25 + s)]
+
+
+@pytest.fixture
+def dataset(tmp_path, tf_write):
+  """SHARDS TF-written shards (one GZIP); returns (input dir, {name: records})."""
+  inp = tmp_path / "in"
+  recs = {}
+  for s in range(SHARDS):
+    name = f"ds-train.tfrecord-{s:05d}-of-{SHARDS:05d}"
+    recs[name] = shard_records(s)
+    tf_write(str(inp / name), recs[name], "GZIP" if s == 2 else None)
+  return inp, recs
+
+
+def out_name(name: str) -> str:
+  return name.replace(".tfrecord", ".array_record")
+
+
+def mtimes(d) -> dict[str, int]:
+  return {f: os.stat(d / f).st_mtime_ns for f in sorted(os.listdir(d))}
+
+
+def manifest(out) -> dict:
+  return json.loads((out / "manifest.json").read_text())
+
+
+def test_convert_summary_and_outputs(tmp_path, dataset, capsys, ar_read):
+  inp, recs = dataset
+  out = tmp_path / "out"
+  assert convert.main(["--input", str(inp / "ds-train.tfrecord-*"), "--output", str(out)]) == 0
+  stdout = capsys.readouterr().out
+  total = sum(map(len, recs.values()))
+  assert f"Converted {SHARDS} file(s)" in stdout
+  assert f"{total:,} records" in stdout
+  assert re.search(r"\([\d.]+ MB/s\)", stdout)
+  assert f"Output: {out}" in stdout
+  assert "DirectRunner" in stdout
+  assert sorted(os.listdir(out)) == sorted([out_name(n) for n in recs] + ["manifest.json"])
+  for name, r in recs.items():
+    assert ar_read(str(out / out_name(name))) == r
+  m = manifest(out)
+  assert m["totals"]["records"] == total
+  for s in m["shards"]:
+    digest = RecordDigest()
+    digest.update_many(recs[os.path.basename(s["input"])])
+    assert s["digest"] == digest.hexdigest()
+
+
+def test_multi_processing_gives_identical_results(tmp_path, dataset, monkeypatch, ar_read):
+  inp, recs = dataset
+  # SDK worker subprocesses must import `converter` from this checkout.
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+      [REPO] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  pattern = str(inp / "*")
+  a, b = tmp_path / "direct", tmp_path / "multi"
+  assert convert.main(["--input", pattern, "--output", str(a), "--quiet"]) == 0
+  assert convert.main(["--input", pattern, "--output", str(b), "--quiet",
+                       "--direct_running_mode", "multi_processing",
+                       "--direct_num_workers", "2"]) == 0
+  files = sorted(f for f in os.listdir(a) if f != "manifest.json")
+  assert files == sorted(f for f in os.listdir(b) if f != "manifest.json")
+  assert len(files) == SHARDS
+  for f in files:
+    assert ar_read(str(a / f)) == ar_read(str(b / f))
+
+  def comparable(m):
+    return [(os.path.basename(s["output"]), s["records"], s["digest"], s["bytes_in"], s["status"])
+            for s in m["shards"]]
+  assert comparable(manifest(a)) == comparable(manifest(b))
+  assert manifest(a)["totals"]["records"] == sum(map(len, recs.values()))
+
+
+def test_no_matching_files(tmp_path, capsys):
+  pattern = str(tmp_path / "missing" / "*.tfrecord")
+  out = tmp_path / "out"
+  assert convert.main(["--input", pattern, "--output", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert "No files match" in err and pattern in err
+  assert not out.exists()
+
+
+def test_one_of_several_patterns_matches_nothing(tmp_path, dataset, capsys):
+  inp, _ = dataset
+  missing = str(inp / "nope-*")
+  out = tmp_path / "out"
+  assert convert.main(["--input", str(inp / "*"), "--input", missing, "--output", str(out)]) == 2
+  assert missing in capsys.readouterr().err
+  assert not out.exists()
+
+
+def test_invalid_writer_options(tmp_path, dataset, capsys):
+  inp, _ = dataset
+  out = tmp_path / "out"
+  code = convert.main(["--input", str(inp / "*"), "--output", str(out),
+                       "--writer-options", "group_size:1,compresion:zstd"])
+  assert code == 2
+  err = capsys.readouterr().err
+  assert "compresion" in err and "Valid keys" in err
+  for key in ("group_size", "zstd", "uncompressed"):
+    assert key in err
+  assert not out.exists()
+
+
+def test_bad_flag_value_is_a_usage_error(tmp_path):
+  with pytest.raises(SystemExit) as e:
+    convert.main(["--input", "x", "--output", str(tmp_path), "--on-corrupt", "ignore"])
+  assert e.value.code == 2
+
+
+def test_existing_outputs_error_overwrite_and_skip(tmp_path, dataset, capsys, ar_read, tf_write):
+  inp, recs = dataset
+  out = tmp_path / "out"
+  args = ["--input", str(inp / "*"), "--output", str(out), "--quiet"]
+  assert convert.main(args) == 0
+  names = sorted(recs)
+  missing = out / out_name(names[1])
+  missing.unlink()
+  before = mtimes(out)
+  capsys.readouterr()
+
+  # Default: refuse before any work; nothing changes, nothing new appears.
+  assert convert.main(args) == 2
+  err = capsys.readouterr().err
+  assert "already exist" in err and "--overwrite" in err and "--skip-existing" in err
+  assert mtimes(out) == before
+  assert not missing.exists()
+
+  # Skip: complete outputs are kept untouched; missing and incomplete ones redone.
+  broken = out / out_name(names[3])
+  broken.write_bytes(broken.read_bytes()[:100])
+  before = mtimes(out)
+  assert convert.main(args + ["--skip-existing"]) == 0
+  after = mtimes(out)
+  for name in (names[0], names[2]):
+    assert after[out_name(name)] == before[out_name(name)]
+  for name in names:
+    assert ar_read(str(out / out_name(name))) == recs[name]
+  status = {os.path.basename(s["input"]): s["status"] for s in manifest(out)["shards"]}
+  assert status == {names[0]: "existing", names[1]: "converted", names[2]: "existing",
+                    names[3]: "converted"}
+  m = manifest(out)
+  assert m["totals"]["shards"] == SHARDS
+  # Kept shards carry their records and digest over from the earlier manifest.
+  assert m["totals"]["records"] == sum(map(len, recs.values()))
+  kept = [s for s in m["shards"] if s["status"] == "existing"]
+  assert all(s["digest"].startswith("xxh3_64:") for s in kept)
+  assert "kept 2 existing" in capsys.readouterr().out
+
+  # Overwrite: new input content replaces every output.
+  new = [b"replaced", b""]
+  tf_write(str(inp / names[0]), new)
+  assert convert.main(args + ["--overwrite"]) == 0
+  assert ar_read(str(out / out_name(names[0]))) == new
+  assert all(s["status"] == "converted" for s in manifest(out)["shards"])
+
+  # --overwrite and --skip-existing together is a usage error.
+  with pytest.raises(SystemExit):
+    convert.main(args + ["--overwrite", "--skip-existing"])
+
+
+def test_corrupt_input_fail_and_skip(tmp_path, dataset, capsys, ar_read):
+  inp, recs = dataset
+  name = sorted(recs)[1]
+  path = inp / name
+  data = bytearray(path.read_bytes())
+  rec0 = 12 + 0 + 4  # The first record is empty.
+  data[rec0 + 12 + 3] ^= 0x01  # Data of record 1.
+  path.write_bytes(bytes(data))
+  out = tmp_path / "out"
+  assert convert.main(["--input", str(inp / "*"), "--output", str(out)]) == 1
+  err = capsys.readouterr().err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("arrayrecord-convert: error: ")
+  assert str(path) in last and "record 1" in last and f"byte offset {rec0}" in last
+  assert "--on-corrupt skip" in last
+  assert not (out / out_name(name)).exists()
+  assert not any(".tmp-" in f for f in os.listdir(out))
+
+  out2 = tmp_path / "out2"
+  assert convert.main(["--input", str(inp / "*"), "--output", str(out2),
+                       "--on-corrupt", "skip"]) == 0
+  assert "Skipped 1 corrupt record(s)" in capsys.readouterr().out
+  assert ar_read(str(out2 / out_name(name))) == recs[name][:1] + recs[name][2:]
+  assert manifest(out2)["totals"]["corrupt_records_skipped"] == 1
+
+
+def test_unrecoverable_input_exits_nonzero(tmp_path, tf_write, capsys, ar_read):
+  inp = tmp_path / "in"
+  tf_write(str(inp / "good.tfrecord"), [b"g1", b"g2"])
+  bad = inp / "bad.tfrecord"
+  tf_write(str(bad), [b"b1", b"b2"])
+  data = bytearray(bad.read_bytes())
+  data[18 + 1] ^= 0xFF  # Header of the last record: nothing valid follows.
+  bad.write_bytes(bytes(data))
+  out = tmp_path / "out"
+  code = convert.main(["--input", str(inp / "*"), "--output", str(out), "--on-corrupt", "skip"])
+  assert code == 1
+  stdout = capsys.readouterr().out
+  assert f"FAILED {bad}" in stdout and "failed 1" in stdout
+  assert not (out / "bad.array_record").exists()
+  assert ar_read(str(out / "good.array_record")) == [b"g1", b"g2"]
+  status = {os.path.basename(s["input"]): s["status"] for s in manifest(out)["shards"]}
+  assert status == {"good.tfrecord": "converted", "bad.tfrecord": "failed"}
+
+
+def test_name_collision_is_refused(tmp_path, tf_write, capsys):
+  inp = tmp_path / "in"
+  tf_write(str(inp / "a.tfrecord"), [b"1"])
+  tf_write(str(inp / "a.tfrecord.gz"), [b"2"], "GZIP")
+  out = tmp_path / "out"
+  assert convert.main(["--input", str(inp / "*"), "--output", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert "a.tfrecord" in err and "a.tfrecord.gz" in err and "a.array_record" in err
+  assert not out.exists()
+
+
+def test_relative_glob_in_working_directory(tmp_path, tf_write, monkeypatch, ar_read):
+  tf_write(str(tmp_path / "x.tfrecord"), [b"x"])
+  tf_write(str(tmp_path / "sub" / "y.tfrecord"), [b"y"])
+  monkeypatch.chdir(tmp_path)
+  assert convert.main(["--input", "*.tfrecord", "--input", "sub/*.tfrecord",
+                       "--output", "out", "--quiet"]) == 0
+  assert ar_read(str(tmp_path / "out" / "x.array_record")) == [b"x"]
+  assert ar_read(str(tmp_path / "out" / "sub" / "y.array_record")) == [b"y"]

@@ -1,0 +1,179 @@
+"""IterDataset: prefix rewriting, sequential stages, prefetch, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import loader
+from loader import iter_dataset as iter_lib
+from loader_testing import assert_restore_at_every_step_gives_same_stream
+from loader_testing import assert_streams_equal
+from loader_testing import record_index
+from loader_testing import write_array_records
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  return write_array_records(tmp_path_factory.mktemp("iter"), 3, [40, 25, 35])
+
+
+def _parse(record: bytes) -> dict:
+  i = record_index(record)
+  return {"id": np.int64(i), "x": np.full((3,), i % 7, np.float32), "raw": record}
+
+
+def _pipelines(files):
+  """Named pipeline builders covering random-access and sequential stages."""
+  src = loader.ArrayRecordSource(files)
+  base = lambda: loader.MapDataset.source(src).shuffle(seed=11)
+  return {
+      "records": lambda: base().to_iter_dataset(),
+      "map_batch": lambda: base().map(_parse).to_iter_dataset().batch(8),
+      "iter_map_batch_map": lambda: base().to_iter_dataset().map(_parse).batch(7).map(lambda b: b["id"].sum()),
+      "filter_then_batch": lambda: base().repeat(2).to_iter_dataset().map(_parse).filter(
+          lambda e: e["id"] % 3 != 0).batch(9, drop_remainder=True),
+      "map_filter": lambda: base().map(record_index).filter(lambda i: i % 4 == 1).to_iter_dataset(),
+      "prefetched": lambda: base().map(_parse).batch(5).to_iter_dataset().filter(
+          lambda b: b["id"][0] % 2 == 0).prefetch(3),
+  }
+
+
+def test_random_access_prefix_is_rewritten_into_map_dataset_ops():
+  ds = loader.MapDataset.range(10).to_iter_dataset().map(lambda x: x + 1).batch(3)
+  assert isinstance(ds, iter_lib.MapBackedIterDataset)
+  after_filter = loader.MapDataset.range(10).to_iter_dataset().filter(lambda x: x % 2).batch(2)
+  assert isinstance(after_filter, iter_lib.BatchIterDataset)
+  assert isinstance(after_filter._parent, iter_lib.MapBackedIterDataset)
+  assert [b.tolist() for b in after_filter] == [[1, 3], [5, 7], [9]]
+  assert ds.to_iter_dataset() is ds
+
+
+@pytest.mark.parametrize("name", ["records", "map_batch", "iter_map_batch_map", "filter_then_batch",
+                                  "map_filter", "prefetched"])
+def test_restore_at_every_step(files, name):
+  make = _pipelines(files)[name]
+  stream = assert_restore_at_every_step_gives_same_stream(make, steps=None if name != "records" else range(0, 101, 7))
+  assert stream
+
+
+def test_stream_is_identical_for_every_read_and_prefetch_setting(files):
+  src = loader.ArrayRecordSource(files)
+  ref = None
+  for ro in [loader.ReadOptions(), loader.ReadOptions(chunk_size=1), loader.ReadOptions(chunk_size=5),
+             loader.ReadOptions(num_threads=3, prefetch_buffer_size=7, chunk_size=2),
+             loader.ReadOptions(num_threads=1, prefetch_buffer_size=0)]:
+    for buffer_size in [0, 1, 4]:
+      ds = loader.MapDataset.source(src).shuffle(seed=2).map(_parse).to_iter_dataset(ro)
+      ds = ds.filter(lambda e: e["id"] % 5 != 0).batch(6).prefetch(buffer_size)
+      out = list(ds)
+      if ref is None:
+        ref = out
+      assert_streams_equal(out, ref)
+
+
+def test_thread_read_options_restore(files):
+  src = loader.ArrayRecordSource(files)
+  make = lambda: loader.MapDataset.source(src).shuffle(seed=5).batch(4).to_iter_dataset(
+      loader.ReadOptions(num_threads=2, chunk_size=3))
+  assert_restore_at_every_step_gives_same_stream(make)
+
+
+def test_state_is_small_json_and_validated(files):
+  ds = _pipelines(files)["filter_then_batch"]()
+  it = iter(ds)
+  next(it)
+  state = it.get_state()
+  assert json.loads(json.dumps(state)) == state
+  assert state == {"next_index": state["next_index"]} and isinstance(state["next_index"], int)
+  with pytest.raises(ValueError, match=r"expected a state dict with keys \['next_index'\]"):
+    it.set_state({"parent": {}, "next_index": 1})
+  with pytest.raises(ValueError, match=r"next_index must be an integer in \[0, 200\]"):
+    it.set_state({"next_index": 201})
+  with pytest.raises(ValueError, match="expected a state dict"):
+    it.set_state([3])
+
+
+def test_prefetch_validation_and_grain_alias():
+  ds = loader.MapDataset.range(3).to_iter_dataset()
+  with pytest.raises(ValueError, match=r"buffer_size must be an integer >= 0 \(got buffer_size=-1\)"):
+    ds.prefetch(-1)
+  with pytest.warns(DeprecationWarning):
+    mp = ds.prefetch(loader.MultiprocessingOptions(num_workers=0))
+  assert list(mp) == [0, 1, 2]
+
+
+def test_errors_in_prefetch_thread_reach_the_consumer():
+
+  def boom(x):
+    if x == 3:
+      raise KeyError("bad element 3")
+    return x
+
+  ds = loader.MapDataset.range(6).to_iter_dataset().filter(lambda x: True).map(boom).prefetch(2)
+  it = iter(ds)
+  assert [next(it) for _ in range(3)] == [0, 1, 2]
+  with pytest.raises(KeyError, match="bad element 3"):
+    next(it)
+  it.close()
+
+
+def test_save_and_restore_state_files(files, tmp_path):
+  make = _pipelines(files)["map_batch"]
+  it = iter(make())
+  for _ in range(3):
+    next(it)
+  path = tmp_path / "ckpt" / "data.json"
+  saved = loader.save_state(path, it)
+  rest = list(it)
+  assert [p.name for p in path.parent.iterdir()] == ["data.json"]  # No temp files left.
+  fresh = iter(make())
+  assert loader.restore_state(path, fresh) == saved
+  assert_streams_equal(list(fresh), rest)
+  path.write_text("{}")
+  with pytest.raises(ValueError, match="not a loader state file"):
+    loader.restore_state(path, fresh)
+
+
+_SUBPROCESS = r"""
+import json, sys
+import numpy as np
+import loader
+files = json.loads(sys.argv[1])
+src = loader.ArrayRecordSource(files)
+ds = loader.MapDataset.source(src).shuffle(seed=11).to_iter_dataset().filter(lambda r: r[0] % 2 == 0).batch(4)
+it = iter(ds)
+if len(sys.argv) > 2:
+  loader.restore_state(sys.argv[2], it)
+print(json.dumps([[r.hex() for r in b] for b in it]))
+"""
+
+
+def test_stream_and_restore_are_identical_in_a_new_process(files, tmp_path):
+  env = {**os.environ, "PYTHONPATH": _ROOT}
+  run = lambda *a: json.loads(subprocess.run([sys.executable, "-c", _SUBPROCESS, json.dumps(files), *a],
+                                             capture_output=True, text=True, check=True, env=env,
+                                             timeout=120).stdout)
+  src = loader.ArrayRecordSource(files)
+  ds = loader.MapDataset.source(src).shuffle(seed=11).to_iter_dataset().filter(lambda r: r[0] % 2 == 0).batch(4)
+  here = [[r.hex() for r in b] for b in ds]
+  assert run() == here
+  it = iter(ds)
+  for _ in range(5):
+    next(it)
+  loader.save_state(tmp_path / "s.json", it)
+  assert run(str(tmp_path / "s.json")) == here[5:]
+
+
+def test_iterator_is_a_context_manager_and_close_is_idempotent():
+  ds = loader.MapDataset.range(10).to_iter_dataset().prefetch(2)
+  with iter(ds) as it:
+    assert next(it) == 0
+  it.close()

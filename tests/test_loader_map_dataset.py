@@ -1,0 +1,240 @@
+"""MapDataset transformations: semantics, epochs, validation, batching."""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+import numpy as np
+import pytest
+
+import loader
+from loader import map_dataset as map_lib
+from loader_testing import assert_streams_equal
+from loader_testing import record_index
+from loader_testing import write_array_records
+
+
+def _ints(n):
+  return loader.MapDataset.range(n)
+
+
+def test_shuffle_is_a_permutation_every_epoch_and_differs_across_epochs():
+  n = 50
+  out = list(_ints(n).shuffle(seed=7).repeat(4))
+  epochs = [out[i * n:(i + 1) * n] for i in range(4)]
+  for e in epochs:
+    assert sorted(e) == list(range(n))
+  assert len({tuple(e) for e in epochs}) == 4
+  assert list(_ints(n).shuffle(seed=7).repeat(4)) == out  # Same seed, same stream.
+  assert list(_ints(n).shuffle(seed=8)) != epochs[0]
+
+
+def test_repeat_without_reseeding_repeats_the_first_epoch():
+  out = list(_ints(10).shuffle(seed=1).repeat(3, reseed_each_epoch=False))
+  assert out[:10] == out[10:20] == out[20:]
+
+
+def test_repeat_lengths_and_infinite_indexing():
+  assert len(_ints(5).repeat(3)) == 15
+  inf = _ints(5).shuffle(seed=0).repeat()
+  assert len(inf) == sys.maxsize
+  assert sorted(inf[i] for i in range(10**12, 10**12 + 5)) == list(range(5))
+  with pytest.raises(ValueError, match="infinite"):
+    inf.repeat(2)
+  with pytest.raises(ValueError, match="num_epochs must be a positive integer"):
+    _ints(5).repeat(0)
+
+
+def test_getitem_bounds_show_index_and_length():
+  ds = _ints(5).map(lambda x: x + 1)
+  assert ds[4] == 5 and ds[-1] == 5
+  with pytest.raises(IndexError, match="Index 5 out of range for a dataset of length 5"):
+    ds[5]
+  with pytest.raises(IndexError, match="Index -6 out of range"):
+    ds[-6]
+
+
+@pytest.mark.parametrize("sl", [slice(None), slice(2, 9), slice(1, None, 3), slice(None, None, -1),
+                                slice(8, 2, -2), slice(100, 200), slice(-4, None)])
+def test_slicing_matches_python(sl):
+  ref = list(range(12))[sl]
+  assert list(_ints(12)[sl]) == ref
+  assert list(_ints(12).slice(sl)) == ref
+  assert len(_ints(12)[sl]) == len(ref)
+
+
+@pytest.mark.parametrize("n,count", [(10, 3), (7, 7), (5, 8), (100, 1)])
+def test_shards_partition_the_data(n, count):
+  shards = [list(_ints(n).shard(i, count)) for i in range(count)]
+  assert sum(shards, []) == list(range(n))
+  assert max(map(len, shards)) - min(map(len, shards)) <= 1
+  dropped = [list(_ints(n).shard(i, count, drop_remainder=True)) for i in range(count)]
+  assert all(len(s) == n // count for s in dropped)
+  assert len(set(sum(dropped, []))) == (n // count) * count
+
+
+def test_shard_then_shuffle_keeps_the_partition():
+  shards = [set(_ints(20).shard(i, 3).shuffle(seed=5)) for i in range(3)]
+  assert set().union(*shards) == set(range(20)) and sum(map(len, shards)) == 20
+
+
+def test_shard_validation():
+  with pytest.raises(ValueError, match=r"shard_index must be an integer in \[0, 3\) \(got shard_index=3\)"):
+    _ints(10).shard(3, 3)
+  with pytest.raises(ValueError, match="shard_count must be a positive integer"):
+    _ints(10).shard(0, 0)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.5, True, "1"])
+def test_seed_validation_shows_value(seed):
+  with pytest.raises(ValueError, match=r"seed must be an integer between 0 and 2\*\*32-1 \(got seed="):
+    _ints(3).shuffle(seed=seed)
+  with pytest.raises(ValueError, match="seed must be"):
+    _ints(3).random_map(lambda x, rng: x, seed=seed)
+
+
+def test_missing_seed_is_explained():
+  with pytest.raises(ValueError, match=r"shuffle\(\) needs a seed"):
+    _ints(3).shuffle()
+
+
+def test_pipeline_seed_derives_distinct_seeds():
+  a = list(_ints(30).seed(1).shuffle())
+  assert a == list(_ints(30).seed(1).shuffle())
+  assert a != list(_ints(30).seed(2).shuffle())
+  two = _ints(30).seed(1).shuffle().shuffle()
+  assert two._seed != two._parent._seed
+
+
+def test_map_filter_and_to_iter_dataset():
+  ds = _ints(10).map(lambda x: x * 3).filter(lambda x: x % 2 == 0)
+  assert ds[1] is None and ds[2] == 6
+  assert list(ds) == [0, 6, 12, 18, 24]
+  assert list(ds.to_iter_dataset(allow_nones=True))[:3] == [0, None, 6]
+  assert list(_ints(4).map_with_index(lambda i, x: (i, x)).repeat(2))[4:6] == [(4, 0), (5, 1)]
+
+
+def test_grain_style_transform_objects_are_accepted():
+
+  class Double:
+
+    def map(self, x):
+      return 2 * x
+
+  class Even:
+
+    def filter(self, x):
+      return x % 2 == 0
+
+  assert list(_ints(5).map(Double()).filter(Even())) == [0, 2, 4, 6, 8]
+  with pytest.raises(TypeError, match=r"map\(\) expects a callable"):
+    _ints(3).map(42)
+
+
+def test_random_map_depends_only_on_seed_and_index():
+  fn = lambda x, rng: (x, int(rng.integers(1 << 30)))
+  ds = _ints(40).shuffle(seed=1).random_map(fn, seed=9).repeat(2)
+  forward = list(ds)
+  backward = [ds[i] for i in reversed(range(len(ds)))][::-1]
+  assert forward == backward
+  chunked = list(ds.to_iter_dataset(loader.ReadOptions(chunk_size=3)))
+  assert chunked == forward
+  draws = [v for _, v in forward]
+  assert len(set(draws)) == len(draws)  # Epochs and elements get distinct streams.
+  assert list(_ints(40).shuffle(seed=1).random_map(fn, seed=10).repeat(2)) != forward
+
+
+Point = collections.namedtuple("Point", ["x", "y"])
+
+
+def test_batch_stacks_nested_structures():
+  ds = _ints(5).map(lambda i: {"a": np.full((2,), i, np.int32), "t": (i, float(i)), "p": Point(i, [i, i]),
+                               "b": b"r\x00" * i, "s": str(i)})
+  batches = list(ds.batch(2))
+  assert len(batches) == 3
+  b0 = batches[0]
+  assert b0["a"].shape == (2, 2) and b0["a"].dtype == np.int32
+  assert b0["t"][0].tolist() == [0, 1] and b0["t"][1].dtype == np.float64
+  assert isinstance(b0["p"], Point) and b0["p"].y[0].tolist() == [0, 1]
+  # bytes keep trailing NULs (np.stack's 'S' dtype would strip them).
+  assert b0["b"].dtype == object and b0["b"].tolist() == [b"", b"r\x00"]
+  assert b0["s"].tolist() == ["0", "1"]
+  assert batches[2]["a"].shape == (1, 2)
+  assert len(list(ds.batch(2, drop_remainder=True))) == 2
+
+
+def test_batch_errors():
+  with pytest.raises(ValueError, match=r"batch_size must be a positive integer \(got batch_size=0\)"):
+    _ints(4).batch(0)
+  with pytest.raises(ValueError, match="cannot follow filter"):
+    _ints(4).filter(lambda x: x).batch(2)
+  ragged = _ints(3).map(lambda i: np.zeros(i))
+  with pytest.raises(ValueError, match="different shapes"):
+    ragged.batch(3)[0]
+  assert list(ragged.batch(3, batch_fn=len)) == [3]
+
+
+def test_batch_over_epochs_batches_each_epoch_separately():
+  out = [b.tolist() for b in _ints(5).repeat(2).batch(2)]
+  assert out == [[0, 1], [2, 3], [4, 0], [1, 2], [3, 4]]
+  out = [b.tolist() for b in _ints(5).batch(2).repeat(2)]
+  assert out == [[0, 1], [2, 3], [4], [0, 1], [2, 3], [4]]
+
+
+def test_chunked_reads_hit_each_file_once_per_chunk(tmp_path, monkeypatch):
+  files = write_array_records(tmp_path, 4, 50)
+  src = loader.ArrayRecordSource(files)
+  calls = []
+  real_read = loader.ArrayRecordSource.read
+  monkeypatch.setattr(loader.ArrayRecordSource, "read", lambda self, idx: calls.append(len(idx)) or real_read(self, idx))
+  ds = loader.MapDataset.source(src).shuffle(seed=1).batch(10)
+  out = list(ds.to_iter_dataset(loader.ReadOptions(chunk_size=20)))
+  assert len(out) == 20 and sorted(record_index(r) for b in out for r in b) == list(range(200))
+  assert calls == [200]  # One source call for all 20 batches...
+  calls.clear()
+  reads_per_file = []
+  real_reader = loader.ArrayRecordSource._reader
+
+  class Spy:
+
+    def __init__(self, reader):
+      self.reader = reader
+
+    def read(self, keys):
+      reads_per_file.append(len(keys))
+      return self.reader.read(keys)
+
+  monkeypatch.setattr(loader.ArrayRecordSource, "_reader", lambda self, i: Spy(real_reader(self, i)))
+  ds[3]
+  assert len(reads_per_file) <= 4 and sum(reads_per_file) == 10  # ...and one reader call per file.
+
+
+class _GrainStyle(loader.MapDataset):
+  """A custom dataset written against Grain's API: only __len__/__getitem__."""
+
+  def __init__(self, parent):
+    super().__init__(parent)
+
+  def __len__(self):
+    return len(self._parent)
+
+  def __getitem__(self, index):
+    return self._parent[index % len(self._parent)] * 100
+
+
+def test_grain_style_subclass_with_only_getitem_works():
+  assert list(_GrainStyle(_ints(4)).shuffle(seed=2).repeat(2))[:4] == [x * 100 for x in list(_ints(4).shuffle(seed=2))]
+
+
+def test_repr_describes_the_pipeline():
+  r = repr(_ints(3).shuffle(seed=4).batch(2))
+  assert r == "MapDataset.source(range(0, 3)).shuffle(seed=4).batch(2, drop_remainder=False)"
+
+
+def test_source_passthrough_for_sequences_and_datasets():
+  ds = loader.MapDataset.source(["a", "b", "c"])
+  assert list(ds) == ["a", "b", "c"]
+  assert loader.MapDataset.source(ds) is ds
+  assert_streams_equal(list(ds.batch(2)), [np.array(["a", "b"], dtype=object), np.array(["c"], dtype=object)])
+  assert isinstance(ds, map_lib.SourceMapDataset)

@@ -1,0 +1,224 @@
+"""ArrayRecordSource: path resolution, batched reads, pickling, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import loader
+from loader import source as source_lib
+from loader_testing import record_bytes
+from loader_testing import record_index
+from loader_testing import write_array_records
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  return write_array_records(tmp_path_factory.mktemp("src"), 3, [5, 7, 4])
+
+
+def test_len_getitem_and_read_order(files):
+  src = loader.ArrayRecordSource(files)
+  assert len(src) == 16
+  assert src.records_per_file == [5, 7, 4]
+  assert [record_index(src[i]) for i in range(16)] == list(range(16))
+  assert record_index(src[-1]) == 15
+  wanted = [15, 0, 7, 7, 3, 12, 5]
+  assert [record_index(r) for r in src.read(wanted)] == wanted
+  assert src.read(np.array([4, 5], dtype=np.int32)) == [record_bytes(4), record_bytes(5)]
+  assert src.read([]) == []
+
+
+def test_read_issues_one_batched_call_per_file(files, monkeypatch):
+  src = loader.ArrayRecordSource(files)
+  calls = []
+  real = source_lib.ArrayRecordSource._reader
+
+  class Spy:
+
+    def __init__(self, reader, i):
+      self._reader, self._i = reader, i
+
+    def read(self, keys):
+      calls.append((self._i, list(keys)))
+      return self._reader.read(keys)
+
+  monkeypatch.setattr(source_lib.ArrayRecordSource, "_reader", lambda self, i: Spy(real(self, i), i))
+  out = src.read([0, 6, 13, 1, 7, 14, 2])
+  assert [record_index(r) for r in out] == [0, 6, 13, 1, 7, 14, 2]
+  assert sorted(calls) == [(0, [0, 1, 2]), (1, [1, 2]), (2, [1, 2])]
+
+
+def test_glob_directory_and_manifest_order(tmp_path):
+  paths = write_array_records(tmp_path / "d", 3, 2)
+  assert loader.ArrayRecordSource(str(tmp_path / "d")).paths == paths
+  assert loader.ArrayRecordSource(str(tmp_path / "d" / "*.array_record")).paths == paths
+  # A manifest defines the order, and may name outputs by a path elsewhere
+  # (e.g. gs://) whose file name sits next to it.
+  manifest = {"shards": [{"output": "gs://bucket/x/" + os.path.basename(paths[2]), "records": 2},
+                         {"output": os.path.basename(paths[0]), "records": 2},
+                         {"output": paths[1], "records": 2}]}
+  (tmp_path / "d" / "manifest.json").write_text(json.dumps(manifest))
+  src = loader.ArrayRecordSource(tmp_path / "d")
+  assert src.paths == [paths[2], paths[0], paths[1]]
+  assert [record_index(r) for r in src.read(range(6))] == [4, 5, 0, 1, 2, 3]
+
+
+def test_manifest_count_mismatch_is_reported(tmp_path):
+  paths = write_array_records(tmp_path, 2, 3)
+  manifest = {"shards": [{"output": os.path.basename(p), "records": 4} for p in paths]}
+  (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+  with pytest.raises(ValueError, match=r"has 3 records but its manifest says 4"):
+    loader.ArrayRecordSource(tmp_path)
+
+
+def test_manifest_with_failed_shards_is_rejected(tmp_path):
+  write_array_records(tmp_path, 1, 3)
+  manifest = {"shards": [{"output": "a.array_record", "records": None, "status": "failed"}]}
+  (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+  with pytest.raises(ValueError, match="failed"):
+    loader.ArrayRecordSource(tmp_path)
+
+
+def test_missing_paths_name_the_path(tmp_path):
+  with pytest.raises(FileNotFoundError, match="nope.array_record"):
+    loader.ArrayRecordSource(str(tmp_path / "nope.array_record"))
+  with pytest.raises(FileNotFoundError, match=r"No files match the pattern .*zz-\*"):
+    loader.ArrayRecordSource(str(tmp_path / "zz-*"))
+  with pytest.raises(FileNotFoundError, match="neither a manifest.json nor any"):
+    loader.ArrayRecordSource(tmp_path)
+  with pytest.raises(ValueError, match="empty list"):
+    loader.ArrayRecordSource([])
+  with pytest.raises(TypeError, match="paths must be"):
+    loader.ArrayRecordSource(3)
+
+
+def _write_tfrecord(path):
+  import crc32c  # pylint: disable=g-import-not-at-top
+
+  def masked(b):
+    c = crc32c.crc32c(b)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+  with open(path, "wb") as f:
+    for _ in range(3):
+      data = b"x" * 50
+      header = struct.pack("<Q", len(data))
+      f.write(header + struct.pack("<I", masked(header)) + data + struct.pack("<I", masked(data)))
+
+
+def test_non_array_record_files_say_what_they_are(tmp_path):
+  tfr = tmp_path / "train.array_record"
+  _write_tfrecord(tfr)
+  with pytest.raises(ValueError, match=r"train.array_record is not an ArrayRecord file: it is a TFRecord file"):
+    loader.ArrayRecordSource(str(tfr))
+  empty = tmp_path / "empty.array_record"
+  empty.write_bytes(b"")
+  with pytest.raises(ValueError, match="empty.array_record is not an ArrayRecord file: it is empty"):
+    loader.ArrayRecordSource(str(empty))
+
+
+def test_group_size_warning_names_file_and_fix(tmp_path):
+  paths = write_array_records(tmp_path, 1, 10, group_size=4)
+  with pytest.warns(UserWarning, match=r"group_size:4.*'group_size:1'") as rec:
+    src = loader.ArrayRecordSource(paths)
+  assert paths[0] in str(rec[0].message)
+  assert len(src) == 10
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    loader.ArrayRecordSource(write_array_records(tmp_path / "g1", 1, 10))
+
+
+def test_index_errors_show_index_and_length(files):
+  src = loader.ArrayRecordSource(files)
+  with pytest.raises(IndexError, match="index 16 out of range for a source of 16 records"):
+    src[16]
+  with pytest.raises(IndexError, match="index -17 out of range"):
+    src.read([0, -17])
+
+
+def test_pickle_drops_readers_and_reads_in_new_process(files):
+  src = loader.ArrayRecordSource(files)
+  src.read([0, 10])
+  assert any(r is not None for r in src._readers)
+  data = pickle.dumps(src)
+  clone = pickle.loads(data)
+  assert all(r is None for r in clone._readers)
+  assert clone.read([3, 11]) == src.read([3, 11])
+  code = ("import pickle, sys; src = pickle.loads(sys.stdin.buffer.read()); "
+          "sys.stdout.buffer.write(b''.join(src.read([15, 0])))")
+  out = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, check=True,
+                       env={**os.environ, "PYTHONPATH": _ROOT}, timeout=60).stdout
+  assert out == record_bytes(15) + record_bytes(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_reopens_readers(files):
+  src = loader.ArrayRecordSource(files)
+  src.read([1])
+  r, w = os.pipe()
+  pid = os.fork()
+  if pid == 0:  # Child: must not reuse the parent's reader objects.
+    try:
+      os.write(w, b"ok" if record_index(src.read([12])[0]) == 12 and src._pid == os.getpid() else b"no")
+    finally:
+      os._exit(0)
+  os.close(w)
+  _, status = os.waitpid(pid, 0)
+  assert os.read(r, 2) == b"ok" and status == 0
+  os.close(r)
+
+
+def test_concurrent_reads_from_threads(files):
+  src = loader.ArrayRecordSource(files)
+  errors = []
+
+  def work(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+      idx = rng.integers(0, len(src), 32)
+      if [record_index(r) for r in src.read(idx)] != idx.tolist():
+        errors.append(seed)
+
+  threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors
+
+
+def test_batched_source_adapts_foreign_sources():
+
+  class OnlyGetitem:
+
+    def __len__(self):
+      return 5
+
+    def __getitem__(self, i):
+      return i * 10
+
+  class WithGetitems(OnlyGetitem):
+    calls = 0
+
+    def __getitems__(self, keys):
+      WithGetitems.calls += 1
+      return [k * 10 for k in keys]
+
+  assert source_lib.BatchedSource(OnlyGetitem()).read(np.array([4, 0])) == [40, 0]
+  assert source_lib.BatchedSource(WithGetitems()).read(np.array([1, 2, 3])) == [10, 20, 30]
+  assert WithGetitems.calls == 1
+  with pytest.raises(TypeError, match="__len__ and __getitem__"):
+    source_lib.BatchedSource(object())
+  assert isinstance(loader.ArrayRecordSource.__new__(loader.ArrayRecordSource), loader.RandomAccessDataSource)

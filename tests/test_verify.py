@@ -1,0 +1,134 @@
+"""pipelines.verify: re-reads inputs and outputs and compares counts and digests."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from pipelines import convert, verify
+
+
+def write_array_record(path: str, records) -> None:
+  from array_record.python.array_record_module import ArrayRecordWriter
+  w = ArrayRecordWriter(path, "group_size:1")
+  for r in records:
+    w.write(r)
+  w.close()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, tf_write_module):
+  """Three TF-written shards (one in a subfolder, one GZIP) converted once."""
+  root = tmp_path_factory.mktemp("verify")
+  inp, out = root / "in", root / "out"
+  recs = {
+      "v.tfrecord-00000-of-00003": [b"a", b"", b"bb"],
+      "v.tfrecord-00001-of-00003.gz": [f"r{i}".encode() for i in range(40)],
+      "sub/v.tfrecord-00002-of-00003": [],
+  }
+  for name, r in recs.items():
+    tf_write_module(str(inp / name), r, "GZIP" if name.endswith(".gz") else None)
+  assert convert.main(["--input", str(inp / "*"), "--input", str(inp / "sub" / "*"),
+                       "--output", str(out), "--quiet"]) == 0
+  return inp, out, recs
+
+
+@pytest.fixture(scope="module")
+def tf_write_module():
+  from conftest import write_tfrecords_tf
+  return write_tfrecords_tf
+
+
+@pytest.fixture
+def copy(converted, tmp_path):
+  """A private copy of the converted outputs that a test may tamper with."""
+  import shutil
+  inp, out, recs = converted
+  mine = tmp_path / "out"
+  shutil.copytree(out, mine)
+  m = json.loads((mine / "manifest.json").read_text())
+  for s in m["shards"]:
+    s["output"] = s["output"].replace(str(out), str(mine))
+  (mine / "manifest.json").write_text(json.dumps(m))
+  return inp, mine, recs
+
+
+def args(inp, out):
+  return ["--input", str(inp / "*"), "--input", str(inp / "sub" / "*"), "--output", str(out)]
+
+
+def test_match(converted, capsys):
+  inp, out, recs = converted
+  assert verify.main(args(inp, out)) == 0
+  stdout = capsys.readouterr().out
+  assert "3/3 shard(s) match (43 records)" in stdout
+  assert stdout.count("OK  ") == 3
+  checks = verify.verify([str(inp / "*"), str(inp / "sub" / "*")], str(out))
+  assert all(c.ok for c in checks)
+  assert sorted(c.output_records for c in checks) == [0, 3, 40]
+  assert all(c.input_digest == c.output_digest for c in checks)
+
+
+def test_tampered_output_different_records(copy, capsys):
+  inp, out, _ = copy
+  target = out / "v.array_record-00000-of-00003"
+  write_array_record(str(target), [b"x", b"y", b"z"])  # Same count, other records.
+  assert verify.main(args(inp, out)) == 1
+  stdout = capsys.readouterr().out
+  assert f"FAIL {target}" in stdout and "content differs" in stdout
+  assert "2/3 shard(s) match" in stdout
+
+
+def test_tampered_output_different_count(copy, capsys):
+  inp, out, _ = copy
+  target = out / "v.array_record-00001-of-00003"
+  write_array_record(str(target), [b"r0"])
+  assert verify.main(args(inp, out)) == 1
+  assert "record count differs: input 40, output 1" in capsys.readouterr().out
+
+
+def test_reordered_output(copy, capsys):
+  inp, out, recs = copy
+  target = out / "v.array_record-00001-of-00003"
+  write_array_record(str(target), list(reversed(recs["v.tfrecord-00001-of-00003.gz"])))
+  assert verify.main(args(inp, out)) == 1
+  assert "content differs" in capsys.readouterr().out
+
+
+def test_missing_output(copy, capsys):
+  inp, out, _ = copy
+  (out / "sub" / "v.array_record-00002-of-00003").unlink()
+  assert verify.main(args(inp, out)) == 1
+  assert "output missing" in capsys.readouterr().out
+
+
+def test_unreadable_output(copy, capsys):
+  inp, out, _ = copy
+  (out / "v.array_record-00000-of-00003").write_bytes(b"not an array record" * 10)
+  assert verify.main(args(inp, out)) == 1
+  assert "unreadable" in capsys.readouterr().out
+
+
+def test_manifest_digest_disagrees(copy, capsys):
+  inp, out, _ = copy
+  m = json.loads((out / "manifest.json").read_text())
+  m["shards"][0]["digest"] = "xxh3_64:0000000000000000"
+  (out / "manifest.json").write_text(json.dumps(m))
+  assert verify.main(args(inp, out)) == 1
+  assert "manifest's digest" in capsys.readouterr().out
+
+
+def test_input_changed_after_conversion(copy, capsys, tf_write):
+  inp, out, _ = copy
+  changed = inp.parent / "changed"
+  tf_write(str(changed / "v.tfrecord-00000-of-00003"), [b"a", b"", b"bc"])
+  assert verify.main(["--input", str(changed / "*"), "--output", str(out)]) == 1
+  assert "content differs" in capsys.readouterr().out
+
+
+def test_no_matching_inputs(tmp_path, capsys):
+  pattern = str(tmp_path / "none-*")
+  assert verify.main(["--input", pattern, "--output", str(tmp_path)]) == 2
+  assert pattern in capsys.readouterr().err
