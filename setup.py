@@ -42,6 +42,7 @@ setuptools.setup(
             "apache-beam[gcp]>=2.77.0",
             "gcp-storage-emulator",
             "matplotlib",
+            "build",
         ],
     },
     entry_points={

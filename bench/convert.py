@@ -1,7 +1,7 @@
 """Benchmark: TFRecord -> ArrayRecord conversion, this converter vs the alternatives.
 
   .venv/bin/python bench/convert.py [--shards 8 --records 25000 --record-bytes 1000] \
-      [--repeat 1] [--systems a-direct,b-reference,...] [--profile a-direct] \
+      [--repeat 3] [--systems a-direct,b-reference,...] [--profile a-direct] \
       [--json bench/results/convert.json]
 
 On one generated data set (cached in bench/data/), each system runs in its own
@@ -15,8 +15,14 @@ subprocess, writing to a fresh directory:
   (c) a tight single-process loop, TFRecord -> ArrayRecordWriter('group_size:1'),
       reading with converter.TFRecordReader, and with tf.data.TFRecordDataset;
   and diagnostic rows: the converter's inner loop without Beam (reader +
-  atomic writer + digest) and the converter on 1 record per shard (Beam's
-  fixed cost).
+  atomic writer + digest), the converter with --runner FnApiRunner (what
+  DirectRunner falls back to, without trying Prism first), and the converter
+  on 1 record per shard (its fixed cost).
+
+Systems run round-robin --repeat times (default 3; the machine is shared);
+each row reports its fastest run. For this converter, the output files' mtimes
+and the manifest's per-shard seconds split the call into startup (before the
+first shard starts), shard conversion, and tail (manifest, teardown).
 
 `seconds` is the system's own run (pipeline construction + run, or the loop),
 timed inside the subprocess after its imports; `process_s` is the whole
@@ -34,6 +40,7 @@ import glob
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 
@@ -66,6 +73,8 @@ SYSTEMS = {
     "diag-a-fnapi": ("diag", "diag: this converter, --runner FnApiRunner (no Prism attempt)"),
     "diag-a-tiny": ("diag", "diag: this converter, DirectRunner, 1 record/shard (fixed cost)"),
 }
+# Deterministic failures: run once even with --repeat.
+RUN_ONCE = ("b-reference-match-shards",)
 PRIMARY_A, PRIMARY_B, PRIMARY_C = "a-direct", "b-reference", "c-loop-reader"
 TARGETS = {"a_throughput_vs_b_min": 4.0, "a_time_vs_c_max": 1.3, "a_peak_rss_mb_max": 400.0}
 
@@ -221,7 +230,11 @@ def _child_loop_tfdata(spec: dict) -> dict:
   return {"seconds": time.monotonic() - start, "import_s": import_s}
 
 
+_RUN_START: list[float] = []
+
+
 def _maybe_profiled(spec: dict, fn):
+  _RUN_START.append(time.monotonic())
   if not spec.get("profile"):
     return fn()
   import cProfile
@@ -231,7 +244,7 @@ def _maybe_profiled(spec: dict, fn):
   try:
     return prof.runcall(fn)
   finally:
-    prof.dump_stats(spec["profile"] + ".prof")
+    prof.dump_stats(spec["profile_raw"])
     for key in ("cumulative", "tottime"):
       s = io.StringIO()
       pstats.Stats(prof, stream=s).sort_stats(key).print_stats(45)
@@ -261,11 +274,21 @@ def child_main(system: str, spec_json: str) -> int:
   except Exception as e:  # pylint: disable=broad-except
     import traceback
     traceback.print_exc()
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    where = f"{_short_path(frame.filename)}:{frame.lineno} in {frame.name}"
     result["status"] = "error"
-    result["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
-    result["error_last_line"] = _last_meaningful_line(str(e))
+    result["error"] = f"{type(e).__name__}: {_last_meaningful_line(str(e))} (at {where})"
+    if _RUN_START:
+      result["seconds_to_failure"] = round(time.monotonic() - _RUN_START[0], 3)
   common.write_json(spec["result"], result)
   return 0
+
+
+def _short_path(path: str) -> str:
+  for marker in ("site-packages/", common.REPO_ROOT + "/"):
+    if marker in path:
+      return path.split(marker, 1)[1]
+  return path
 
 
 def _last_meaningful_line(text: str) -> str:
@@ -340,6 +363,8 @@ def run_system(system: str, data: common.DataSet, run_dir: str, args, repeat_ind
     prof_dir = os.path.join(common.RESULTS_DIR, "profiles")
     os.makedirs(prof_dir, exist_ok=True)
     spec["profile"] = os.path.join(prof_dir, f"convert-{system}")
+    # The raw profile is large: it goes with the (gitignored) data.
+    spec["profile_raw"] = os.path.join(common.DATA_DIR, f"profile-convert-{system}.prof")
   if system not in CONVERTER_FLAGS:
     os.makedirs(out_data)  # pipelines.convert makes its own output dir.
   cmd = [sys.executable, os.path.abspath(__file__), "--child", system, "--spec", json.dumps(spec)]
@@ -358,8 +383,7 @@ def run_system(system: str, data: common.DataSet, run_dir: str, args, repeat_ind
   elif child["status"] != "ok":
     # The reference match_shards variant is expected to land here on Beam 2.77.
     row.update(status="crashes" if system == "b-reference-match-shards" else "error",
-               error=child.get("error_last_line") or child.get("error"),
-               seconds_to_failure=round(child.get("seconds", 0) or 0, 3) or None)
+               error=child.get("error"), seconds_to_failure=child.get("seconds_to_failure"))
   else:
     ok, msg, extra = verify(system, out_data, data, child)
     row.update(extra)
@@ -371,16 +395,20 @@ def run_system(system: str, data: common.DataSet, run_dir: str, args, repeat_ind
     if "shard_work_s" in row and system != "a-direct-mp2":
       row["non_shard_s"] = round(row["seconds"] - row["shard_work_s"], 3)
   if row["status"] != "ok":
-    row["log_tail"] = m.stdout[-3000:]
+    row["log_tail"] = m.stdout[-1500:]
   if not args.keep_outputs:
-    common.shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
   return row
 
 
 def _merge_runs(runs: list[dict], data: common.DataSet) -> dict:
-  """One row per system: the fastest verified run; peaks are the max over runs."""
-  ok = [r for r in runs if r["status"] == "ok"]
-  best = dict(min(ok, key=lambda r: r["seconds"]) if ok else runs[-1])
+  """One row per system: the fastest run; peaks are the max over runs.
+
+  A system counts as ok only if every run's output checked out; otherwise
+  its row is the first failing run.
+  """
+  bad = [r for r in runs if r["status"] != "ok"]
+  best = dict(bad[0] if bad else min(runs, key=lambda r: r["seconds"]))
   best["runs"] = len(runs)
   if len(runs) > 1:
     best["all_seconds"] = [r.get("seconds") for r in runs]
@@ -397,7 +425,7 @@ def _ratios(rows: list[dict]) -> dict:
   by = {r["system"]: r for r in rows if r["status"] == "ok"}
   b, c = by.get(PRIMARY_B), by.get(PRIMARY_C)
   for r in rows:
-    if r["status"] != "ok" or r["group"] == "diag" and r["system"] == "diag-a-tiny":
+    if r["status"] != "ok" or r["system"] == "diag-a-tiny":
       continue
     if b:
       r["throughput_vs_b"] = round(b["seconds"] / r["seconds"], 2)
@@ -458,6 +486,8 @@ def parent_main(args) -> int:
   try:
     for rep in range(args.repeat):
       for name in systems:
+        if rep and name in RUN_ONCE:
+          continue
         d = tiny if name == "diag-a-tiny" else data
         row = run_system(name, d, run_dir, args, rep)
         runs[name].append(row)
@@ -467,7 +497,7 @@ def parent_main(args) -> int:
               flush=True)
   finally:
     if not args.keep_outputs:
-      common.shutil.rmtree(run_dir, ignore_errors=True)
+      shutil.rmtree(run_dir, ignore_errors=True)
   rows = [_merge_runs(runs[n], tiny if n == "diag-a-tiny" else data) for n in systems]
   ratios = _ratios(rows)
   tiny_row = next((r for r in rows if r["system"] == "diag-a-tiny"), None)
@@ -555,13 +585,14 @@ def main(argv=None) -> int:
   p.add_argument("--records", type=int, default=25_000, help="Records per shard.")
   p.add_argument("--record-bytes", type=int, default=1000, help="Target serialized record size.")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--repeat", type=int, default=1,
-                 help="Runs per system, interleaved; the fastest verified run is reported.")
+  p.add_argument("--repeat", type=int, default=3,
+                 help="Runs per system, interleaved round-robin; the fastest verified run is "
+                 "reported (default %(default)s: the machine is shared, so single runs are noisy).")
   p.add_argument("--systems", default=",".join(SYSTEMS),
                  help=f"Comma-separated subset of: {', '.join(SYSTEMS)}.")
   p.add_argument("--profile", default="",
-                 help="Comma-separated systems to run under cProfile (slower); profiles go to "
-                 "bench/results/profiles/.")
+                 help="Comma-separated systems to run under cProfile (slower, main process "
+                 "only); text summaries go to bench/results/profiles/, the raw .prof to bench/data/.")
   p.add_argument("--timeout", type=float, default=1800, help="Seconds per system run.")
   p.add_argument("--keep-outputs", action="store_true")
   p.add_argument("--json", help="Write the results as JSON here.")

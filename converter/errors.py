@@ -6,6 +6,22 @@ from __future__ import annotations
 class ConversionError(Exception):
   """Base class for errors raised by the converter."""
 
+  # Beam re-raises a DoFn's exception as `type(exn)(message + step, ...)`,
+  # which would pass our message where a path or pattern belongs. Our messages
+  # already name the file, so let Beam re-raise them unchanged.
+  _tagged_with_step = True
+
+  def __reduce__(self):
+    # Rebuild from args and fields; __init__ takes fields, not the message.
+    return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls, args, state):
+  e = cls.__new__(cls)
+  e.args = args
+  e.__dict__.update(state)
+  return e
+
 
 class CorruptRecordError(ConversionError):
   """A TFRecord record failed its length or data checksum, or was cut short."""

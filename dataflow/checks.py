@@ -16,7 +16,8 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][-_.a-z0-9]*[a-z0-9]$")
 _GS_RE = re.compile(r"^gs://([^/]*)(?:/(.*))?$", re.DOTALL)
 _JOB_NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]*[a-z0-9])?$")
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-_SUBNETWORK_RE = re.compile(r"(?:^|/)regions/([a-z0-9-]+)/subnetworks/[a-z](?:[-a-z0-9]*[a-z0-9])?$")
+_SUBNETWORK_RE = re.compile(
+    r"(?:^|/)regions/([a-z0-9-]+)/subnetworks/[a-z](?:[-a-z0-9]*[a-z0-9])?$")
 
 
 class FlagError(ValueError):

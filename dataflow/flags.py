@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import logging
 import os
 import re
 from typing import Sequence
@@ -29,7 +30,8 @@ DATAFLOW_FLAGS = ("project", "region", "temp_location", "staging_location", "job
                   "service_account_email", "network", "subnetwork", "max_num_workers",
                   "machine_type", "sdk_container_image")
 # Switches that also take `=true` / `=false`, as a Flex Template launcher passes them.
-_SWITCHES = ("--overwrite", "--skip-existing", "--skip_existing", "--dry-run", "--dry_run", "--wait")
+_SWITCHES = ("--overwrite", "--skip-existing", "--skip_existing", "--dry-run", "--dry_run",
+             "--wait")
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no", "")
 
@@ -55,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
   g.add_argument("--temp_location", "--temp-location", dest="temp_location", metavar="GS_DIR",
                  help="gs:// folder for Dataflow's temporary files (required).")
   g.add_argument("--staging_location", "--staging-location", dest="staging_location",
-                 metavar="GS_DIR", help="gs:// folder for staged packages (default: --temp_location).")
+                 metavar="GS_DIR",
+                 help="gs:// folder for staged packages (default: --temp_location).")
   g.add_argument("--job_name", "--job-name", dest="job_name",
                  help="Job name (default: arrayrecord-convert-YYYYMMDD-HHMMSS, UTC).")
   g.add_argument("--service_account_email", "--service-account-email",
@@ -150,8 +153,14 @@ def _check_extra(extra: Sequence[str]) -> list[str]:
                     "--input PATTERN and quote globs so the shell does not expand them.")
   from apache_beam.options.pipeline_options import PipelineOptions
   opts = PipelineOptions(list(extra))
-  known = opts.get_all_options(retain_unknown_options=False)
-  unknown = sorted(set(opts.get_all_options(retain_unknown_options=True)) - set(known))
+  beam_log = logging.getLogger("apache_beam.options.pipeline_options")
+  level = beam_log.level
+  beam_log.setLevel(logging.ERROR)  # Its "Discarding unparseable args" would be a 2nd line.
+  try:
+    known = opts.get_all_options(retain_unknown_options=False)
+    unknown = sorted(set(opts.get_all_options(retain_unknown_options=True)) - set(known))
+  finally:
+    beam_log.setLevel(level)
   if unknown:
     raise FlagError(f"Unknown flag(s) {', '.join('--' + u for u in unknown)}: not a converter, "
                     f"Dataflow or Beam pipeline option (see {PROG} --help and "

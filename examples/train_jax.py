@@ -172,16 +172,12 @@ def train(
   data_sharding = loader_jax.batch_sharding()
   replicated = jax.sharding.NamedSharding(data_sharding.mesh, jax.sharding.PartitionSpec())
 
-  host_iterator = make_iterator(data_dir, batch_size, workers, seed)
   step, params = 0, _init_params(seed)
   saved_steps = _checkpoint_steps(checkpoint) if checkpoint else []
   if saved_steps:
     step = saved_steps[-1]
-    step_dir = os.path.join(checkpoint, f"step_{step:08d}")
-    with np.load(os.path.join(step_dir, "params.npz")) as saved:
+    with np.load(os.path.join(checkpoint, f"step_{step:08d}", "params.npz")) as saved:
       params = {k: saved[k] for k in saved.files}
-    loader.restore_state(os.path.join(step_dir, "data.json"), host_iterator)
-    print(f"Resumed from {step_dir}.")
   params = jax.device_put(params, replicated)
 
   def loss_fn(params, batch):
@@ -197,7 +193,13 @@ def train(
     return params, loss
 
   losses = []  # device scalars: reading them every step would stall dispatch
+  host_iterator = make_iterator(data_dir, batch_size, workers, seed)
+  # The context manager stops the worker processes however training ends.
   with loader_jax.prefetch_to_device(host_iterator, data_sharding, size=prefetch) as batches:
+    if saved_steps:
+      step_dir = os.path.join(checkpoint, f"step_{step:08d}")
+      loader.restore_state(os.path.join(step_dir, "data.json"), batches)
+      print(f"Resumed from {step_dir}.")
     window_start, window_steps = time.perf_counter(), 0
     for step in range(step, steps):
       params, loss = train_step(params, next(batches))

@@ -8,9 +8,12 @@ from typing import Any
 import numpy as np
 
 
+_ATOMIC = {bytes, str}
+
+
 def _object_array(values: Sequence[Any]) -> np.ndarray:
   out = np.empty(len(values), dtype=object)
-  if all(isinstance(v, (bytes, str)) for v in values):
+  if set(map(type, values)) <= _ATOMIC:
     out[:] = values  # Fast path; numpy does not split bytes/str into items.
   else:
     for i, v in enumerate(values):  # Elementwise so sequences stay whole.

@@ -39,7 +39,11 @@ from loader import options as options_lib
 T = TypeVar("T")
 S = TypeVar("S")
 
-_TARGET_RECORDS_PER_CHUNK = 2048
+# Per-call costs of ArrayRecord reads amortise over thousands of records:
+# measured on 8 x 25k records, 2048/4096/8192 records per call gave about
+# 57k/74k/92k records/s in process.
+_TARGET_RECORDS_PER_CHUNK = 8192
+_FIRST_CHUNK_RECORDS = 256  # Until element sizes are known, and for a fast first element.
 _MAX_CHUNK_BYTES = 32 << 20
 
 
@@ -51,9 +55,8 @@ def check_state(state: Any, keys: Sequence[str], owner: str) -> None:
         f"{state!r}. Was it saved from a different pipeline?")
 
 
-def default_chunk_size(ds: map_dataset_lib.MapDataset) -> int:
-  """Elements per batched call: about 2048 source records."""
-  return max(1, _TARGET_RECORDS_PER_CHUNK // max(1, ds._records_per_element))  # pylint: disable=protected-access
+def _elements_for(ds: map_dataset_lib.MapDataset, records: int) -> int:
+  return max(1, records // max(1, ds._records_per_element))  # pylint: disable=protected-access
 
 
 def _estimate_nbytes(x: Any, depth: int = 0) -> int:
@@ -71,26 +74,30 @@ def _estimate_nbytes(x: Any, depth: int = 0) -> int:
 
 
 class ChunkSizer:
-  """Chunk length in elements: ~2048 records, shrunk for very large elements.
+  """Elements per batched call: ~8192 source records, capped at ~32 MiB.
 
-  Chunk boundaries never affect which elements are produced, only how many are
+  The first chunk is small (~256 records) so the first element arrives fast and
+  huge elements cannot blow up memory before their size is known; then the
+  size grows to the target, capped by the observed element size. Chunk
+  boundaries never change which elements are produced, only how many are
   computed per call, so adapting them keeps iteration deterministic.
   """
 
   def __init__(self, ds: map_dataset_lib.MapDataset, fixed: int | None):
-    self.size = fixed or default_chunk_size(ds)
-    self._adapt = fixed is None
+    self._fixed = fixed
+    self._target = _elements_for(ds, _TARGET_RECORDS_PER_CHUNK)
+    self.size = fixed or min(self._target, _elements_for(ds, _FIRST_CHUNK_RECORDS))
+    self._observed = fixed is not None
 
   def observe(self, elements: list[Any]) -> None:
-    if not self._adapt or not elements:
+    if self._observed or not elements:
       return
-    self._adapt = False  # The first chunk is representative enough.
     sample = next((x for x in elements if x is not None), None)
     if sample is None:
-      return
+      return  # All filtered out; look again at the next chunk.
+    self._observed = True
     per = max(1, _estimate_nbytes(sample))
-    if per * self.size > _MAX_CHUNK_BYTES:
-      self.size = max(1, _MAX_CHUNK_BYTES // per)
+    self.size = max(1, min(self._target, _MAX_CHUNK_BYTES // per))
 
 
 class DatasetIterator(abc.ABC, Iterator[T]):
@@ -264,6 +271,35 @@ class MapBackedIterDataset(IterDataset[T]):
     return MapDatasetIterator(self.map_dataset, producer, allow_nones=self.allow_nones)
 
 
+def compute_chunk(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tuple[list[Any], Exception | None]:
+  """Elements [start, stop) of `ds`, or the ones before the first that fails.
+
+  A chunk is computed in one batched call. If that raises, the chunk is
+  recomputed one element at a time so the error surfaces exactly at the
+  failing element, after the good ones before it (an error that does not
+  recur is thereby retried once).
+
+  Returns:
+    (elements, error): `error` is None, or the exception of element
+    `start + len(elements)`.
+  """
+  try:
+    return ds._getitems(np.arange(start, stop, dtype=np.int64)), None  # pylint: disable=protected-access
+  except Exception:  # pylint: disable=broad-except
+    pass
+  elements = []
+  for i in range(start, stop):
+    try:
+      elements.append(ds._getitems(np.array([i], dtype=np.int64))[0])  # pylint: disable=protected-access
+    except Exception as e:  # pylint: disable=broad-except
+      return elements, e
+  return elements, None
+
+
+# A chunk as producers hand it out: (start, elements, error or None).
+Chunk = tuple[int, list[Any], "BaseException | None"]
+
+
 class SyncChunkProducer:
   """Computes chunks of a MapDataset on demand in the calling thread."""
 
@@ -276,22 +312,18 @@ class SyncChunkProducer:
   def reset(self, start: int) -> None:
     self._next = start
 
-  def next_chunk(self) -> tuple[int, list[Any]] | None:
+  def next_chunk(self) -> Chunk | None:
     start = self._next
     if start >= self._len:
       return None
     stop = min(start + self._sizer.size, self._len)
-    elements = self._ds._getitems(np.arange(start, stop, dtype=np.int64))  # pylint: disable=protected-access
+    elements, error = compute_chunk(self._ds, start, stop)
     self._sizer.observe(elements)
-    self._next = stop
-    return start, elements
+    self._next = start + len(elements)
+    return start, elements, error
 
   def close(self) -> None:
     pass
-
-
-def _compute_chunk(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> list[Any]:
-  return ds._getitems(np.arange(start, stop, dtype=np.int64))  # pylint: disable=protected-access
 
 
 class ThreadChunkProducer:
@@ -319,10 +351,10 @@ class ThreadChunkProducer:
     while len(self._pending) < window and self._next_submit < self._len:
       start = self._next_submit
       stop = min(start + self._sizer.size, self._len)
-      self._pending.append((start, self._pool.submit(_compute_chunk, self._ds, start, stop)))
+      self._pending.append((start, self._pool.submit(compute_chunk, self._ds, start, stop)))
       self._next_submit = stop
 
-  def next_chunk(self) -> tuple[int, list[Any]] | None:
+  def next_chunk(self) -> Chunk | None:
     if self._pool is None:
       self._pool = concurrent.futures.ThreadPoolExecutor(self._num_threads, thread_name_prefix="loader-read")
       self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
@@ -330,10 +362,13 @@ class ThreadChunkProducer:
     if not self._pending:
       return None
     start, fut = self._pending.popleft()
-    elements = fut.result()
+    elements, error = fut.result()
     self._sizer.observe(elements)
-    self._top_up()
-    return start, elements
+    if error is not None:
+      self.reset(start + len(elements))  # Later chunks restart after a retry.
+    else:
+      self._top_up()
+    return start, elements, error
 
   def close(self) -> None:
     self.reset(self._len)
@@ -342,7 +377,11 @@ class ThreadChunkProducer:
 
 
 class MapDatasetIterator(DatasetIterator[T]):
-  """Iterates a MapDataset chunk by chunk; state is {"next_index": k}."""
+  """Iterates a MapDataset chunk by chunk; state is {"next_index": k}.
+
+  If computing element k raises, the elements before it are yielded first, the
+  error is raised with the state at k, and the next call retries element k.
+  """
 
   def __init__(self, ds: map_dataset_lib.MapDataset[T], producer: Any, *, allow_nones: bool = False):
     super().__init__()
@@ -353,16 +392,23 @@ class MapDatasetIterator(DatasetIterator[T]):
     self._buffer: list[Any] = []
     self._buffer_start = 0
     self._pos = 0
+    self._error: BaseException | None = None
     producer.reset(0)
 
   def __next__(self) -> T:
     while True:
       if self._pos >= len(self._buffer):
+        if self._error is not None:
+          error, self._error = self._error, None
+          self._buffer_start, self._buffer, self._pos = self._buffer_start + self._pos, [], 0
+          self._producer.reset(self._buffer_start)
+          raise error
         chunk = self._producer.next_chunk()
         if chunk is None:
           raise StopIteration
-        self._buffer_start, self._buffer = chunk
+        self._buffer_start, self._buffer, self._error = chunk
         self._pos = 0
+        continue
       x = self._buffer[self._pos]
       self._pos += 1
       if x is not None or self._allow_nones:
@@ -378,7 +424,7 @@ class MapDatasetIterator(DatasetIterator[T]):
       raise ValueError(
           f"{type(self).__name__}.set_state: next_index must be an integer in "
           f"[0, {self._len}] for this dataset (got {k!r}).")
-    self._buffer, self._buffer_start, self._pos = [], int(k), 0
+    self._buffer, self._buffer_start, self._pos, self._error = [], int(k), 0, None
     self._producer.reset(int(k))
 
   def close(self) -> None:
@@ -418,7 +464,13 @@ class _MapIterator(DatasetIterator[S]):
     self._fn = fn
 
   def __next__(self) -> S:
-    return self._fn(next(self._parent))
+    state = self._parent.get_state()
+    x = next(self._parent)
+    try:
+      return self._fn(x)
+    except Exception:
+      self._parent.set_state(state)  # So the state (and a retry) is at x.
+      raise
 
   def get_state(self) -> dict[str, Any]:
     return self._parent.get_state()
@@ -448,8 +500,14 @@ class _FilterIterator(DatasetIterator[T]):
 
   def __next__(self) -> T:
     while True:
+      state = self._parent.get_state()
       x = next(self._parent)
-      if self._fn(x):
+      try:
+        keep = self._fn(x)
+      except Exception:
+        self._parent.set_state(state)  # So the state (and a retry) is at x.
+        raise
+      if keep:
         return x
 
   def get_state(self) -> dict[str, Any]:
@@ -487,14 +545,21 @@ class _BatchIterator(DatasetIterator[S]):
   def __next__(self) -> S:
     values = []
     parent = self._parent
-    for _ in range(self._batch_size):
-      try:
-        values.append(next(parent))
-      except StopIteration:
-        break
-    if not values or (self._drop_remainder and len(values) < self._batch_size):
-      raise StopIteration
-    return self._batch_fn(values)
+    state = parent.get_state()
+    try:
+      for _ in range(self._batch_size):
+        try:
+          values.append(next(parent))
+        except StopIteration:
+          break
+      if values and not (self._drop_remainder and len(values) < self._batch_size):
+        return self._batch_fn(values)
+    except Exception:
+      # An element (or batch_fn) failed: rewind to the batch start so the
+      # state is consistent and a retry rebuilds the whole batch.
+      parent.set_state(state)
+      raise
+    raise StopIteration
 
   def get_state(self) -> dict[str, Any]:
     return self._parent.get_state()
@@ -591,6 +656,7 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
       raise StopIteration
     if isinstance(item, _Raised):
       self._halt()
+      self._parent.set_state(self._state)  # The thread ran ahead; rewind.
       raise item.error
     x, self._state = item
     return x

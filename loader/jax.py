@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import copy
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,16 +28,6 @@ __all__ = [
     "device_put",
     "prefetch_to_device",
 ]
-
-
-class CheckpointableIterator(Protocol):
-  """What the prefetcher needs from the host iterator."""
-
-  def __next__(self) -> Any: ...
-
-  def get_state(self) -> dict[str, Any]: ...
-
-  def set_state(self, state: dict[str, Any]) -> None: ...
 
 
 def batch_sharding(
@@ -165,14 +155,12 @@ class DevicePrefetchIterator(Iterator[Any]):
   def __next__(self) -> Any:
     if self._closed:
       raise StopIteration
+    # The batch returned now plus `buffer_size` ahead: the transfer queued
+    # here overlaps with the step the caller is about to run.
     self._fill(self._buffer_size + 1)
     if not self._buffer:
       raise StopIteration
-    _, batch = self._buffer.popleft()
-    # Queue the next transfer before the caller dispatches its step on this
-    # batch, so it overlaps with that step.
-    self._fill(self._buffer_size)
-    return batch
+    return self._buffer.popleft()[1]
 
   def _fill(self, size: int) -> None:
     if self._sharding is None:

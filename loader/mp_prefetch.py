@@ -59,6 +59,15 @@ def _dumps(obj: Any) -> bytes:
   return cloudpickle.dumps(obj)
 
 
+def _describe(error: BaseException) -> tuple[str, bytes | None]:
+  """Traceback text and, if picklable, the exception itself."""
+  text = "".join(traceback.format_exception(error))
+  try:
+    return text, pickle.dumps(error)
+  except Exception:  # pylint: disable=broad-except
+    return text, None
+
+
 def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_prefix: str,
                  parent_pid: int) -> None:
   """Worker loop: compute requested chunks until told to stop."""
@@ -97,25 +106,23 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
     _, gen, chunk_id, start, stop, released = msg
     with lock:
       outstanding.difference_update(released)
+    seq += 1
+    name = f"{shm_prefix}{worker_index}_{seq}"
+    elements, error = iter_lib.compute_chunk(ds, start, stop)
     try:
-      elements = ds._getitems(np.arange(start, stop, dtype=np.int64))  # pylint: disable=protected-access
-      seq += 1
-      name = f"{shm_prefix}{worker_index}_{seq}"
       with lock:
         desc = ipc.encode(elements, name)
         if ipc.segment_name(desc) is not None:
           outstanding.add(name)
-      del elements
-      conn.send(("ok", gen, chunk_id, desc))
-    except BaseException as e:  # pylint: disable=broad-except
-      try:
-        exc_bytes = pickle.dumps(e)
-      except Exception:  # pylint: disable=broad-except
-        exc_bytes = None
-      try:
-        conn.send(("error", gen, chunk_id, traceback.format_exc(), exc_bytes))
-      except (BrokenPipeError, OSError):
-        orphaned()
+    except Exception as e:  # pylint: disable=broad-except
+      # E.g. an element that cannot be pickled: report it at the chunk start.
+      desc, error = ipc.encode([], name), e
+    del elements
+    failure = None if error is None else _describe(error)
+    try:
+      conn.send(("ok", gen, chunk_id, desc, failure))
+    except (BrokenPipeError, OSError):
+      orphaned()
   conn.close()
 
 
@@ -181,6 +188,7 @@ class MultiprocessChunkProducer:
     self._next_consume = 0
     self._released: list[list[str]] = [[] for _ in range(self._num_workers)]
     self._error: BaseException | None = None
+    self._closed = False
     self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._prefix)
 
   def _start_workers(self) -> None:
@@ -257,47 +265,65 @@ class MultiprocessChunkProducer:
     if name is not None:
       self._released[w].append(name)
 
-  def next_chunk(self) -> tuple[int, list[Any]] | None:
+  def next_chunk(self) -> iter_lib.Chunk | None:
+    if self._closed:
+      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
     if self._error is not None:
       raise self._error
-    if not self._procs:
-      self._start_workers()
-    self._top_up()
     c = self._next_consume
-    if c not in self._chunks:
-      return None
-    w = c % self._num_workers
     try:
-      msg = self._receive(w)
-    except BaseException as e:
-      self._error = e
+      if not self._procs:
+        self._start_workers()
+      self._top_up()
+      if c not in self._chunks:
+        return None
+      msg = self._receive(c % self._num_workers)
+    except WorkerError as e:
+      self._error = e  # A dead worker: this iterator cannot continue.
       self.close()
       raise
-    start, stop = self._chunks.pop(c)
-    if msg[0] == "error":
-      _, _, _, tb, exc_bytes = msg
-      cause = None
-      if exc_bytes is not None:
-        try:
-          cause = pickle.loads(exc_bytes)
-        except Exception:  # pylint: disable=broad-except
-          cause = None
-      self._error = WorkerError(
-          f"Worker {w} (pid {self._procs[w].pid}) raised while computing elements "
-          f"[{start}, {stop}) of {self._ds!r}:\n\n{tb}")
-      self.close()
-      raise self._error from cause
-    desc = msg[3]
+    except BaseException:
+      # E.g. KeyboardInterrupt while waiting: a message may be half read, so
+      # stop these workers; the next call starts fresh ones at chunk c.
+      start = self._chunks[c][0] if c in self._chunks else self._next_start
+      _shutdown(self._procs, self._conns, self._prefix)
+      self._released = [[] for _ in range(self._num_workers)]
+      self.reset(start)
+      raise
+    w = c % self._num_workers
+    start, _ = self._chunks.pop(c)
+    _, _, _, desc, failure = msg
     elements = ipc.decode(desc)
     name = ipc.segment_name(desc)
     if name is not None:
       self._released[w].append(name)
     self._sizer.observe(elements)
     self._next_consume += 1
-    self._top_up()
-    return start, elements
+    error = None
+    if failure is not None:
+      error = self._worker_error(w, start + len(elements), failure)
+      self.reset(start + len(elements))
+    else:
+      try:
+        self._top_up()  # Keep workers busy while the consumer works.
+      except WorkerError:
+        pass  # Raised again by the next call, after these elements.
+    return start, elements, error
+
+  def _worker_error(self, w: int, index: int, failure: tuple[str, bytes | None]) -> WorkerError:
+    text, exc_bytes = failure
+    error = WorkerError(
+        f"Worker {w} (pid {self._procs[w].pid}) raised while computing element "
+        f"{index} of {self._ds!r}:\n\n{text}")
+    if exc_bytes is not None:
+      try:
+        error.__cause__ = pickle.loads(exc_bytes)
+      except Exception:  # pylint: disable=broad-except
+        pass
+    return error
 
   def close(self) -> None:
+    self._closed = True
     self._finalizer()
 
 

@@ -27,8 +27,9 @@ class ReadOptions:
       (network file systems); ArrayRecord reads release the GIL.
     prefetch_buffer_size: How many elements the threads may compute ahead.
     chunk_size: Elements computed per batched call into the pipeline. None picks
-      one from the pipeline (about 2048 source records per call, fewer for big
-      elements). Larger chunks amortise the per-call cost of ArrayRecord reads.
+      one from the pipeline: about 8192 source records per call (at most ~32 MiB
+      of elements), starting with a small first chunk. Larger chunks amortise
+      the per-call cost of ArrayRecord reads.
   """
 
   num_threads: int = 0
@@ -54,7 +55,7 @@ class MultiprocessingOptions:
       the pipeline). Higher values smooth out slow elements at the cost of
       memory.
     chunk_size: Elements per task sent to a worker. None picks one from the
-      pipeline (about 2048 source records per task, fewer for big elements).
+      pipeline, as `ReadOptions.chunk_size` does.
   """
 
   num_workers: int = 0

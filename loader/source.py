@@ -26,10 +26,8 @@ import numpy as np
 T = TypeVar("T")
 
 MANIFEST_NAME = "manifest.json"
-# Random access wants no readahead (it would read megabytes per record) and a
-# small file buffer (the 1 MiB default costs memory per open file per process).
+# Random access wants no readahead (it would read megabytes per record).
 DEFAULT_READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
-_FILE_READER_BUFFER_SIZE = 64 * 1024
 _GROUP_SIZE_RE = re.compile(r"(?:^|,)group_size:(\d+)")
 
 
@@ -107,7 +105,7 @@ def _open_reader(path: str, options: str):
   if not os.path.exists(path):
     raise FileNotFoundError(f"ArrayRecord file not found: {path}")
   try:
-    reader = reader_cls(path, options, file_reader_buffer_size=_FILE_READER_BUFFER_SIZE)
+    reader = reader_cls(path, options)
   except RuntimeError as e:
     raise ValueError(
         f"{path} is not an ArrayRecord file: {_describe_non_array_record(path)} "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from apache_beam.options.pipeline_options import PipelineOptions
+
 from converter import ConvertOptions, ConversionError
 from converter.tfrecord import COMPRESSIONS
 
@@ -35,6 +37,13 @@ def converter_options(args: argparse.Namespace, output_dir: str | None = None) -
   return ConvertOptions(output_dir=output_dir or args.output, writer_options=args.writer_options,
                         compression=args.compression, on_corrupt=args.on_corrupt,
                         existing=existing)
+
+
+def unknown_beam_flags(opts: PipelineOptions) -> list[str]:
+  """Flags that are neither ours nor Beam's, which Beam would silently drop (typos)."""
+  known = opts.get_all_options(drop_default=False)
+  everything = opts.get_all_options(retain_unknown_options=True)
+  return sorted("--" + k for k in everything if k not in known)
 
 
 def fail(prog: str, message: str, code: int = 2) -> int:

@@ -16,7 +16,8 @@ from typing import Sequence
 
 import apache_beam as beam
 
-from converter import ConversionError, expand_patterns, plan_shards, read_manifest
+from converter import (ConversionError, CorruptRecordError, expand_patterns, plan_shards,
+                       read_manifest)
 from pipelines import build, cli
 
 PROG = "arrayrecord-convert"
@@ -35,10 +36,13 @@ def _parser() -> argparse.ArgumentParser:
 def summarize(manifest: dict, seconds: float, output_dir: str) -> str:
   t = manifest["totals"]
   mb_in = t["bytes_in"] / 1e6
+  # The rate counts only what this run read, not shards kept from an earlier run.
+  mb_read = sum(s.get("bytes_in") or 0 for s in manifest["shards"]
+                if s["status"] == "converted") / 1e6
   lines = [
       f"Converted {t['converted']} file(s), kept {t['existing']} existing, failed {t['failed']}: "
       f"{t['records']:,} records, {mb_in:.1f} MB in, {t['bytes_out'] / 1e6:.1f} MB out "
-      f"in {seconds:.1f} s ({mb_in / max(seconds, 1e-9):.1f} MB/s).",
+      f"in {seconds:.1f} s ({mb_read / max(seconds, 1e-9):.1f} MB/s).",
   ]
   if t["corrupt_records_skipped"]:
     lines.append(f"Skipped {t['corrupt_records_skipped']} corrupt record(s); see the manifest.")
@@ -52,11 +56,15 @@ def summarize(manifest: dict, seconds: float, output_dir: str) -> str:
 def run(argv: Sequence[str] | None = None) -> dict:
   """Runs the conversion; returns the manifest. Raises on bad input."""
   args, beam_args = _parser().parse_known_args(argv)
+  opts = build.pipeline_options(beam_args)
+  unknown = cli.unknown_beam_flags(opts)
+  if unknown:
+    raise ValueError(f"Unknown flag(s) {', '.join(unknown)}: neither a converter flag "
+                     "(see --help) nor a Beam pipeline option.")
   options = cli.converter_options(args)
   files = expand_patterns(args.input)
   plans = plan_shards(files, options)  # Checks outputs before any work starts.
   todo = sum(p.action == "convert" for p in plans)
-  opts = build.pipeline_options(beam_args)
   if not args.quiet:
     print(f"Converting {todo} of {len(plans)} file(s) to {options.output_dir} "
           f"(writer options {options.writer_options!r}, runner "
@@ -74,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     manifest = run(argv)
   except (ConversionError, ValueError, TypeError) as e:
-    return cli.fail(PROG, str(e))
+    # A corrupt record is found while converting: a failed run, not a usage error.
+    return cli.fail(PROG, str(e), code=1 if isinstance(e, CorruptRecordError) else 2)
   except Exception as e:  # pylint: disable=broad-except
     msg = cli.user_error_from(e)
     if msg is None:

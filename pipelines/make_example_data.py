@@ -66,11 +66,17 @@ def tfrecord_frame(record: bytes) -> bytes:
 
 def write_tfrecord_file(path: str, records) -> None:
   """Writes records with TFRecord framing; the file appears only when complete."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "wb") as f:
-    for r in records:
-      f.write(tfrecord_frame(r))
-  os.replace(tmp, path)
+  # Hidden, so an interrupted run leaves nothing that a `name-*` glob matches.
+  head, tail = os.path.split(path)
+  tmp = os.path.join(head, f".{tail}.tmp-{os.getpid()}")
+  try:
+    with open(tmp, "wb") as f:
+      for r in records:
+        f.write(tfrecord_frame(r))
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 def _templates(seed: int) -> np.ndarray:

@@ -89,14 +89,28 @@ def check_shard(inp: str, out: str, expected: dict | None, compression: str) -> 
   return c
 
 
+def _manifest_outputs(manifest: dict, output_dir: str) -> dict[str, tuple[str, dict]]:
+  """{input: (its output under output_dir, manifest entry)}, even if the directory moved."""
+  base = manifest.get("output_dir", "").rstrip("/") + "/"
+  known = {}
+  for s in manifest.get("shards", []):
+    out = s.get("output") or ""
+    if s.get("input") and out.startswith(base):
+      known[s["input"]] = (output_dir.rstrip("/") + "/" + out[len(base):], s)
+  return known
+
+
 def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
            suffix: str = "array_record", workers: int | None = None) -> list[ShardCheck]:
   """Checks every input against its output; returns one ShardCheck per shard."""
   inputs = expand_patterns(patterns)
   root = common_dir(inputs)
-  manifest = read_manifest(output_dir) or {}
-  expected = {s["output"]: s for s in manifest.get("shards", [])}
-  outputs = [output_path(i, root, output_dir, suffix) for i in inputs]
+  known = _manifest_outputs(read_manifest(output_dir) or {}, output_dir)
+  # The manifest knows where each input went, which naming alone cannot tell
+  # when only some of the converted patterns are checked (another common dir).
+  outputs = [known[i][0] if i in known else output_path(i, root, output_dir, suffix)
+             for i in inputs]
+  expected = dict(known.values())
   # Reading releases the GIL in the ArrayRecord reader and crc32c.
   with concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
     return list(pool.map(lambda io: check_shard(io[0], io[1], expected.get(io[1]), compression),

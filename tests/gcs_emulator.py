@@ -32,6 +32,10 @@ import urllib.request
 
 PROJECT = "test-project"
 BUCKET = "test-bucket"
+# Beam 2.77's DirectRunner first tries the Prism runner, which downloads its
+# binary from github.com; refused, DirectRunner falls back to its in-process
+# FnApiRunner. Any other refused lookup or connection fails a test.
+EXPECTED_REFUSALS = ("lookup github.com",)
 
 # Kept as source so subprocesses can run it from a sitecustomize.py.
 _GUARD_SOURCE = r'''
@@ -76,13 +80,15 @@ def install():
   def getaddrinfo(host, *args, **kwargs):
     if not _is_local_host(host):
       _note(f"lookup {host}")
-      raise _socket.gaierror(_socket.EAI_NONAME, f"network guard: lookup of {host!r} refused (tests run offline)")
+      raise _socket.gaierror(_socket.EAI_NONAME,
+                             f"network guard: lookup of {host!r} refused (tests run offline)")
     return real_getaddrinfo(host, *args, **kwargs)
 
   def _check(sock, address):
     if sock.family in (_socket.AF_INET, _socket.AF_INET6) and not _is_local_host(address[0]):
       _note(f"connect {address[0]}:{address[1]}")
-      raise ConnectionRefusedError(f"network guard: connection to {address[0]}:{address[1]} refused (tests run offline)")
+      raise ConnectionRefusedError(
+          f"network guard: connection to {address[0]}:{address[1]} refused (tests run offline)")
 
   def connect(self, address):
     _check(self, address)

@@ -164,6 +164,11 @@ def test_existing_outputs_error_overwrite_and_skip(tmp_path, dataset, capsys, ar
   kept = [s for s in m["shards"] if s["status"] == "existing"]
   assert all(s["digest"].startswith("xxh3_64:") for s in kept)
   assert "kept 2 existing" in capsys.readouterr().out
+  # Nothing left to do: the rate counts only bytes read in this run.
+  assert convert.main(args + ["--skip-existing"]) == 0
+  stdout = capsys.readouterr().out
+  assert "Converted 0 file(s), kept 4 existing" in stdout and "(0.0 MB/s)" in stdout
+  assert mtimes(out) == {**after, "manifest.json": mtimes(out)["manifest.json"]}
 
   # Overwrite: new input content replaces every output.
   new = [b"replaced", b""]
@@ -241,3 +246,14 @@ def test_relative_glob_in_working_directory(tmp_path, tf_write, monkeypatch, ar_
                        "--output", "out", "--quiet"]) == 0
   assert ar_read(str(tmp_path / "out" / "x.array_record")) == [b"x"]
   assert ar_read(str(tmp_path / "out" / "sub" / "y.array_record")) == [b"y"]
+
+
+def test_misspelled_flag_is_refused_not_dropped(tmp_path, dataset, capsys):
+  # Unknown flags go to Beam, which would silently discard a typo.
+  inp, _ = dataset
+  out = tmp_path / "out"
+  assert convert.main(["--input", str(inp / "*"), "--output", str(out),
+                       "--on_corupt", "skip"]) == 2
+  err = capsys.readouterr().err
+  assert "--on_corupt" in err and "Beam pipeline option" in err
+  assert not out.exists()

@@ -227,8 +227,11 @@ def test_existing_error_inside_pipeline(tmp_path, tf_write):
   out = tmp_path / "out"
   run_convert(list(paths.values()), str(out))
   mtimes = {f: os.stat(out / f).st_mtime_ns for f in all_files(out)}
-  with pytest.raises(Exception, match="already exist"):
+  with pytest.raises(Exception) as e:
     run_convert(list(paths.values()), str(out))
+  msg = str(e.value)  # Raised on a worker; the paths must survive Beam's re-raise.
+  assert msg.startswith("3 output file(s) already exist: ")
+  assert str(out / "a.array_record") in msg and "--overwrite" in msg
   assert {f: os.stat(out / f).st_mtime_ns for f in all_files(out)} == mtimes
 
 
@@ -267,4 +270,5 @@ def test_match_files_no_match_names_pattern(tmp_path):
     with beam.Pipeline(options=PipelineOptions([])) as p:
       _ = p | MatchFiles(pattern) | ConvertToArrayRecord(str(tmp_path / "out"))
   assert pattern in str(e.value)
+  assert str(e.value).count("No files match") == 1
   assert not (tmp_path / "out").exists()

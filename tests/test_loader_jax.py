@@ -257,13 +257,21 @@ def _case_train(data_dir: str, workers: str):
   sys.path.insert(0, os.path.join(_ROOT, "examples"))
   import train_jax
 
-  losses = train_jax.train(
-      data_dir, steps=40, batch_size=32, workers=int(workers), seed=0, learning_rate=0.5, log_every=10
-  )
+  workers = int(workers)
+  kwargs = dict(batch_size=32, seed=0, log_every=10)
+  losses = train_jax.train(data_dir, steps=40, workers=workers, **kwargs)
   assert len(losses) == 40
   first, last = np.mean(losses[:5]), np.mean(losses[-5:])
   print(f"first={first:.4f} last={last:.4f}")
   assert last < 0.5 * first, losses
+
+  # Stopping at step 25 and resuming (with another worker count) replays
+  # exactly the uninterrupted run.
+  ckpt = os.path.join(data_dir, "ckpt")
+  head = train_jax.train(data_dir, steps=25, workers=0, checkpoint=ckpt, checkpoint_every=10, **kwargs)
+  assert sorted(os.listdir(ckpt)) == ["step_00000020", "step_00000025"]
+  tail = train_jax.train(data_dir, steps=40, workers=workers, checkpoint=ckpt, **kwargs)
+  assert head + tail == losses, (head + tail, losses)
 
 
 # ---------------------------------------------------------------------------
@@ -298,7 +306,7 @@ def test_importing_loader_does_not_import_jax():
   _run_case("no_jax_on_import")
 
 
-def test_train_example_loss_decreases(tmp_path):
+def test_train_example_loss_decreases_and_resumes(tmp_path):
   tf = pytest.importorskip("tensorflow")
   import loader
 
@@ -308,13 +316,16 @@ def test_train_example_loss_decreases(tmp_path):
 
   rng = np.random.default_rng(0)
   num_classes, image_size = 10, 28 * 28
+  # As in pipelines/make_example_data.py: a per-label template plus noise,
+  # so the label is learnable from the pixels.
+  templates = rng.integers(0, 256, (num_classes, image_size))
   record_id = 0
   for shard in range(2):
     writer = ArrayRecordWriter(str(tmp_path / f"train.array_record-{shard:05d}-of-00002"), "group_size:1")
     for _ in range(300):
       label = int(rng.integers(num_classes))
-      # The label sets the mean brightness, so it is learnable from pixels.
-      pixels = np.clip(rng.normal(20 + 23 * label, 30, image_size), 0, 255).astype(np.uint8)
+      noise = rng.integers(0, 256, image_size)
+      pixels = (0.6 * templates[label] + 0.4 * noise).astype(np.uint8)
       example = tf.train.Example(
           features=tf.train.Features(
               feature={

@@ -81,3 +81,12 @@ def test_rejects_bad_sizes(tmp_path):
     med.make_example_data(str(tmp_path), shards=0)
   with pytest.raises(ValueError, match="records_per_shard >= 0"):
     med.make_example_data(str(tmp_path), shards=1, records_per_shard=-1)
+
+
+def test_interrupted_write_leaves_nothing(tmp_path):
+  def records():
+    yield b"one"
+    raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    med.write_tfrecord_file(str(tmp_path / "x.tfrecord-00000-of-00001"), records())
+  assert os.listdir(tmp_path) == []

@@ -125,7 +125,8 @@ def test_import_does_not_parse_argv():
 def test_import_does_not_import_tensorflow():
   code = ("import sys, converter, pipelines, pipelines.convert, pipelines.verify, "
           "pipelines.migration, pipelines.make_example_data\n"
-          "print(sorted(m for m in sys.modules if m == 'tensorflow' or m.startswith('tensorflow.')))")
+          "print(sorted(m for m in sys.modules\n"
+          "             if m == 'tensorflow' or m.startswith('tensorflow.')))")
   r = _python(code)
   assert r.returncode == 0, r.stderr
   assert r.stdout.strip() == "[]"

@@ -32,7 +32,8 @@ def test_output_basename(name, expected):
 
 
 def test_output_basename_custom_suffix():
-  assert output_basename("a.tfrecord-00000-of-00001", "arrayrecord") == "a.arrayrecord-00000-of-00001"
+  assert output_basename("a.tfrecord-00000-of-00001", "arrayrecord") == (
+      "a.arrayrecord-00000-of-00001")
   assert output_basename("blob", "ar") == "blob.ar"
 
 

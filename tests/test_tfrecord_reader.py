@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import pickle
 import zlib
 
 import pytest
 
-from converter import CorruptRecordError, TFRecordReader, detect_compression, read_tfrecords
+from converter import (CorruptRecordError, NoInputFilesError, OutputExistsError, TFRecordReader,
+                       detect_compression, read_tfrecords)
 from converter import tfrecord
 
 TF_OPTIONS = {"none": None, "gzip": "GZIP", "zlib": "ZLIB"}
@@ -256,3 +258,15 @@ def test_damaged_gzip_stream(tmp_path, tf_write):
     with pytest.raises(CorruptRecordError) as e:
       list(read_tfrecords(str(path), on_corrupt=mode))
     assert str(path) in str(e.value)
+
+
+def test_errors_survive_pickling():
+  # Errors cross process boundaries (multi-process runners); fields must survive.
+  errors = [CorruptRecordError("/d/x.tfrecord", 3, 96, "data checksum mismatch", compressed=True),
+            OutputExistsError(["/o/a.array_record", "/o/b.array_record"]),
+            NoInputFilesError("/d/*.tfrecord")]
+  for e in errors:
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is type(e) and str(back) == str(e) and vars(back) == vars(e)
+  assert "decompressed stream" in str(errors[0])
+  assert errors[1].paths == ["/o/a.array_record", "/o/b.array_record"]

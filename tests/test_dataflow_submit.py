@@ -1,0 +1,173 @@
+"""dataflow.submit: the offline dry run on a fresh copy of the checkout, and what a submit prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import types
+
+import pytest
+
+import gcs_emulator as emu
+from dataflow import submit
+
+pytestmark = pytest.mark.timeout(300)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = "arrayrecord-dry-run-test"
+IMAGE = "us-central1-docker.pkg.dev/my-project/repo/arrayrecord-flex:1"
+ARGV = ["--input", "gs://my-bucket/tfr/train-*", "--input", "gs://my-bucket/tfr/valid-*",
+        "--output", "gs://my-bucket/ar/", "--project", "my-project", "--region", "us-central1",
+        "--temp_location", "gs://my-bucket/tmp", "--job_name", JOB, "--max_num_workers", "7",
+        "--machine_type", "n2-standard-4", "--sdk_container_image", IMAGE, "--skip-existing"]
+
+
+def _fresh_copy(dest: str) -> str:
+  """The checkout's files as a clone would have them (plus uncommitted work), nothing built."""
+  try:
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=REPO, check=True, capture_output=True).stdout.decode().split("\0")
+  except (OSError, subprocess.CalledProcessError):
+    files = [os.path.relpath(os.path.join(d, f), REPO) for d, _, fs in os.walk(REPO)
+             if not any(p in d for p in (".venv", ".git", "__pycache__")) for f in fs]
+  for rel in filter(None, files):
+    if os.path.isfile(os.path.join(REPO, rel)):
+      os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
+      shutil.copy2(os.path.join(REPO, rel), os.path.join(dest, rel))
+  return dest
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+  """`python -m dataflow.submit ... --dry-run` in a subprocess: no credentials, no network."""
+  base = tmp_path_factory.mktemp("dry")
+  clone = _fresh_copy(str(base / "clone"))
+  out = str(base / "request")
+  guard_log = str(base / "blocked.log")
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("GOOGLE_", "CLOUDSDK_", "STORAGE_EMULATOR"))}
+  env.update(PYTHONPATH=emu.guard_sitecustomize(str(base / "guard")), NETWORK_GUARD_LOG=guard_log,
+             TMPDIR=str(base), HOME=str(base))
+  proc = subprocess.run([sys.executable, "-m", "dataflow.submit", *ARGV, "--dry-run",
+                         "--dry-run-dir", out], cwd=clone, env=env, capture_output=True,
+                        text=True, timeout=240)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  blocked = open(guard_log).read() if os.path.exists(guard_log) else ""
+  with open(os.path.join(out, "job.json")) as f:
+    job = json.load(f)
+  return types.SimpleNamespace(clone=clone, out=out, stdout=proc.stdout, blocked=blocked,
+                               job=job, options=job["environment"]["sdkPipelineOptions"]["options"],
+                               pool=job["environment"]["workerPools"][0])
+
+
+def test_dry_run_touches_no_network(dry_run):
+  assert dry_run.blocked == ""
+  assert "Dry run: nothing was submitted" in dry_run.stdout
+
+
+def test_dry_run_job_request(dry_run):
+  job, options, pool = dry_run.job, dry_run.options, dry_run.pool
+  assert job["name"] == JOB and job["type"] == "JOB_TYPE_BATCH"
+  assert (options["project"], options["region"], options["runner"]) == (
+      "my-project", "us-central1", "DataflowRunner")
+  assert options["setup_file"] == os.path.join(dry_run.clone, "setup.py")
+  # The request a real submission sends: the dry-run switches are back to their defaults.
+  assert options["dry_run"] is False and options["no_auth"] is False
+  assert "requirements_cache" not in options
+  assert pool["autoscalingSettings"]["maxNumWorkers"] == 7
+  assert pool["machineType"] == "n2-standard-4"
+  assert pool["workerHarnessContainerImage"] == IMAGE
+  assert options["temp_location"].startswith(f"gs://my-bucket/tmp/{JOB}.")
+
+
+def test_dry_run_stages_the_toolkit_sdist_for_workers(dry_run):
+  packages = {p["name"]: p["location"] for p in dry_run.pool["packages"]}
+  assert packages["workflow.tar.gz"].startswith(f"storage.googleapis.com/my-bucket/tmp/{JOB}.")
+  with tarfile.open(os.path.join(dry_run.out, "workflow.tar.gz")) as tar:
+    names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    pkg_info = tar.extractfile(next(n for n in tar.getnames() if n.endswith("/PKG-INFO"))).read()
+  assert b"Name: arrayrecord-toolkit" in pkg_info
+  for module in ("converter/transforms.py", "converter/writer.py", "converter/tfrecord.py",
+                 "pipelines/build.py", "dataflow/submit.py", "setup.py"):
+    assert module in names, module
+
+
+def test_staged_sdist_can_be_installed_by_workers(dry_run):
+  """setup.py reads requirements.txt, so the sdist must carry it or pip fails on every worker."""
+  with tarfile.open(os.path.join(dry_run.out, "workflow.tar.gz")) as tar:
+    names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+  assert "requirements.txt" in names, (
+      "The toolkit sdist lacks requirements.txt, which setup.py reads: installing it on a "
+      "Dataflow worker fails with FileNotFoundError. Add a MANIFEST.in with "
+      "'include requirements.txt'.")
+
+
+def test_dry_run_pipeline_has_the_conversion_steps(dry_run):
+  from apache_beam.portability.api import beam_runner_api_pb2
+  from dataflow import beam_internals
+  url = dry_run.options[beam_internals.PIPELINE_URL_OPTION]
+  assert url.startswith(f"gs://my-bucket/tmp/{JOB}.") and url.endswith("/pipeline.pb")
+  with open(os.path.join(dry_run.out, os.path.basename(url)), "rb") as f:
+    pipeline = beam_runner_api_pb2.Pipeline.FromString(f.read())
+  names = {t.unique_name for t in pipeline.components.transforms.values()}
+  for step in ("MatchInputs/Patterns", "MatchInputs/Match", "ConvertToArrayRecord/PlanShards",
+               "ConvertToArrayRecord/Distribute", "ConvertToArrayRecord/ConvertShards",
+               "ConvertToArrayRecord/WriteManifest"):
+    assert step in names, step
+  assert "ConvertToArrayRecord/ConvertShards" in dry_run.stdout
+  # The patterns travel in the pipeline, to be listed by the workers.
+  with open(os.path.join(dry_run.out, "pipeline.json")) as f:
+    assert json.load(f)["components"]["transforms"]
+
+
+class _FakeResult:
+  def __init__(self, job_id, final_state="DONE"):
+    self._job = types.SimpleNamespace(id=job_id) if job_id else None
+    self.state = None
+    self._final_state = final_state
+
+  def wait_until_finish(self):
+    self.state = self._final_state
+
+
+def _fake_pipeline(monkeypatch, result):
+  seen = {}
+
+  def build_pipeline(request, extra_flags=()):
+    seen["request"] = request
+    return types.SimpleNamespace(run=lambda: result)
+
+  monkeypatch.setattr(submit, "build_pipeline", build_pipeline)
+  return seen
+
+
+def test_submit_prints_job_id_and_console_url(monkeypatch, capsys):
+  seen = _fake_pipeline(monkeypatch, _FakeResult("2026-11-21_12_00_00-123"))
+  assert submit.main(ARGV) == 0
+  out = capsys.readouterr().out
+  assert f"Submitting Dataflow job '{JOB}'" in out
+  assert "Submitted job 2026-11-21_12_00_00-123" in out
+  assert ("Console: https://console.cloud.google.com/dataflow/jobs/us-central1/"
+          "2026-11-21_12_00_00-123?project=my-project") in out
+  assert seen["request"].patterns == ("gs://my-bucket/tfr/train-*", "gs://my-bucket/tfr/valid-*")
+
+
+@pytest.mark.parametrize("state,code", [("DONE", 0), ("FAILED", 1)])
+def test_wait_reports_final_state(monkeypatch, capsys, state, code):
+  _fake_pipeline(monkeypatch, _FakeResult("job-1", state))
+  assert submit.main(ARGV + ["--wait"]) == code
+  assert f"Final state: {state}" in capsys.readouterr().out
+
+
+def test_template_launch_writes_the_job_instead_of_starting_it(monkeypatch, capsys):
+  """A Flex Template launcher passes --template_location and booleans as =true."""
+  _fake_pipeline(monkeypatch, _FakeResult(None))
+  argv = [a for a in ARGV if a != "--skip-existing"] + [
+      "--skip_existing=true", "--template_location=gs://my-bucket/staging/launch/job_object"]
+  assert submit.main(argv) == 0
+  assert ("Wrote the job to gs://my-bucket/staging/launch/job_object; no job was started."
+          in capsys.readouterr().out)

@@ -1,0 +1,286 @@
+"""mp_prefetch: same stream for any worker count, errors, and clean shutdown."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import loader
+from loader import ipc
+from loader import iter_dataset as iter_lib
+from loader_testing import assert_restore_at_every_step_gives_same_stream
+from loader_testing import assert_streams_equal
+from loader_testing import record_index
+from loader_testing import shm_segments
+from loader_testing import take
+from loader_testing import write_array_records
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  return write_array_records(tmp_path_factory.mktemp("mp"), 3, [30, 20, 26])
+
+
+def _parse(record: bytes) -> dict:
+  i = record_index(record)
+  return {"id": np.int64(i), "pixels": np.full((4, 4), i, np.uint8), "raw": record}
+
+
+def _make(files, mp: loader.MultiprocessingOptions | None, *, thread_prefetch: int = 0):
+  """A pipeline with random-access and sequential stages (lambdas included)."""
+  src = loader.ArrayRecordSource(files)
+  ds = (loader.MapDataset.source(src).shuffle(seed=3).repeat(2)
+        .random_map(lambda r, rng: (r, int(rng.integers(1000))), seed=4)
+        .to_iter_dataset()
+        .map(lambda t: {**_parse(t[0]), "noise": np.int64(t[1])})
+        .filter(lambda e: e["id"] % 4 != 1)
+        .batch(5))
+  if mp is not None:
+    ds = ds.mp_prefetch(mp)
+  return ds.prefetch(thread_prefetch) if thread_prefetch else ds
+
+
+def _producer(it):
+  while not isinstance(it, iter_lib.MapDatasetIterator):
+    it = it._parent
+  return it._producer
+
+
+def _wait_dead(pids, timeout=10.0):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    if not alive:
+      return []
+    time.sleep(0.1)
+  return alive
+
+
+def test_stream_is_identical_for_every_worker_count_and_buffer(files):
+  reference = list(_make(files, None))
+  assert len(reference) > 20
+  settings = [
+      (loader.MultiprocessingOptions(num_workers=0), 0),
+      (loader.MultiprocessingOptions(num_workers=1), 0),
+      (loader.MultiprocessingOptions(num_workers=2, per_worker_buffer_size=3, chunk_size=3), 2),
+      (loader.MultiprocessingOptions(num_workers=7, chunk_size=4), 0),
+  ]
+  before = shm_segments()
+  for mp, prefetch in settings:
+    with iter(_make(files, mp, thread_prefetch=prefetch)) as it:
+      assert_streams_equal(list(it), reference)
+  assert shm_segments() <= before
+
+
+def test_restore_with_a_different_worker_count(files):
+  two = lambda: _make(files, loader.MultiprocessingOptions(num_workers=2, chunk_size=4))
+  zero = lambda: _make(files, loader.MultiprocessingOptions(num_workers=0))
+  # States from a 2-worker run resume in-process at every step...
+  stream = assert_restore_at_every_step_gives_same_stream(two, make_restore_ds=zero)
+  # ...and in-process states resume with 1 worker (fresh workers per restore).
+  assert_restore_at_every_step_gives_same_stream(
+      zero, make_restore_ds=lambda: _make(files, loader.MultiprocessingOptions(num_workers=1)),
+      steps=[0, 7, len(stream)])
+
+
+def test_set_state_on_a_running_multiprocess_iterator(files):
+  ds = _make(files, loader.MultiprocessingOptions(num_workers=2, chunk_size=2))
+  reference = list(_make(files, None))
+  with iter(ds) as it:
+    take(it, 6)
+    state = it.get_state()
+    take(it, 3)
+    it.set_state({"next_index": 0})
+    assert_streams_equal(take(it, 4), reference[:4])
+    it.set_state(state)
+    assert_streams_equal(list(it), reference[6:])
+
+
+def _fail_at_17(record: bytes) -> bytes:
+  if record_index(record) == 17:
+    raise ValueError("record 17 is corrupt")
+  return record
+
+
+def test_worker_exception_reraises_in_parent_with_traceback(files):
+  src = loader.ArrayRecordSource(files)
+  ds = loader.MapDataset.source(src).map(_fail_at_17).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=2, chunk_size=5))
+  before = shm_segments()
+  it = iter(ds)
+  got = []
+  with pytest.raises(loader.WorkerError) as info:
+    for r in it:
+      got.append(record_index(r))
+  assert got == list(range(17))  # Everything before the failing element, in order.
+  message = str(info.value)
+  assert "raised while computing element 17" in message
+  assert "_fail_at_17" in message and "ValueError: record 17 is corrupt" in message
+  assert isinstance(info.value.__cause__, ValueError)
+  assert it.get_state() == {"next_index": 17}
+  with pytest.raises(loader.WorkerError):  # Retrying the element fails again.
+    next(it)
+  pids = _producer(it).worker_pids
+  it.close()
+  assert not _wait_dead(pids)
+  assert shm_segments() <= before
+
+
+def _big(record: bytes) -> np.ndarray:
+  return np.full((256, 1024), record_index(record) % 251, np.uint8)  # 256 KiB: through shm.
+
+
+@pytest.mark.parametrize("how", ["close", "gc", "interrupt"])
+def test_workers_and_shared_memory_are_released(files, how):
+  before = shm_segments()
+  src = loader.ArrayRecordSource(files)
+  ds = loader.MapDataset.source(src).map(_big).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=2, per_worker_buffer_size=2, chunk_size=2))
+
+  def consume():
+    it = iter(ds)
+    first = next(it)
+    assert first.shape == (256, 1024) and first.flags.writeable
+    first[0, 0] = 1  # Ordinary writable memory, detached from the segment.
+    pids = _producer(it).worker_pids
+    assert len(pids) == 2
+    if how == "close":
+      it.close()
+    elif how == "interrupt":
+      for _ in it:
+        raise KeyboardInterrupt  # As if Ctrl-C hit the training loop.
+    return pids
+
+  if how == "interrupt":
+    pids_holder = []
+    try:
+      def run():
+        it = iter(ds)
+        next(it)
+        pids_holder.extend(_producer(it).worker_pids)
+        for _ in it:
+          raise KeyboardInterrupt
+      run()
+    except KeyboardInterrupt:
+      pass
+    pids = pids_holder
+  else:
+    pids = consume()
+  gc.collect()
+  assert not _wait_dead(pids), "worker processes outlived their iterator"
+  assert shm_segments() <= before
+
+
+def test_workers_ignore_sigint_and_survive_it(files):
+  src = loader.ArrayRecordSource(files)
+  ds = loader.MapDataset.source(src).to_iter_dataset().mp_prefetch(loader.MultiprocessingOptions(num_workers=1))
+  with iter(ds) as it:
+    next(it)
+    (pid,) = _producer(it).worker_pids
+    os.kill(pid, signal.SIGINT)  # Ctrl-C reaches the whole process group.
+    time.sleep(0.3)
+    assert psutil.pid_exists(pid)
+    assert len(list(it)) == 75
+
+
+def test_killed_worker_is_reported(files):
+  src = loader.ArrayRecordSource(files)
+  ds = loader.MapDataset.source(src).map(_big).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=2, chunk_size=1))
+  it = iter(ds)
+  next(it)
+  pids = _producer(it).worker_pids
+  os.kill(pids[1], signal.SIGKILL)
+  with pytest.raises(loader.WorkerError, match=r"exited unexpectedly with exit code -9"):
+    for _ in it:
+      pass
+  assert not _wait_dead(pids)
+  with pytest.raises(loader.WorkerError):
+    next(it)
+
+
+_ORPHAN_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    import loader
+
+    def big(r):
+      return np.zeros((512, 1024), np.uint8)
+
+    if __name__ == "__main__":
+      src = loader.ArrayRecordSource(sys.argv[1:])
+      ds = loader.MapDataset.source(src).repeat().map(big).to_iter_dataset().mp_prefetch(
+          loader.MultiprocessingOptions(num_workers=2, per_worker_buffer_size=4, chunk_size=1))
+      it = iter(ds)
+      next(it)
+      it2 = it
+      while not hasattr(it2, "_producer"):
+        it2 = it2._parent
+      print(" ".join(map(str, it2._producer.worker_pids)), flush=True)
+      time.sleep(600)
+""")
+
+
+def test_parent_sigkill_leaves_no_orphans_or_segments(files, tmp_path):
+  script = tmp_path / "orphan.py"
+  script.write_text(_ORPHAN_SCRIPT)
+  proc = subprocess.Popen([sys.executable, str(script), *files], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env={**os.environ, "PYTHONPATH": _ROOT})
+  try:
+    line = proc.stdout.readline()
+    assert line.strip(), proc.stderr.read()
+    pids = [int(p) for p in line.split()]
+    time.sleep(0.5)  # Let the workers fill their buffers (segments exist).
+    assert shm_segments(f"arl{proc.pid}_")
+    proc.kill()
+    proc.wait(10)
+    assert not _wait_dead(pids, timeout=10), "workers outlived a SIGKILLed parent"
+    deadline = time.monotonic() + 10
+    while shm_segments(f"arl{proc.pid}_") and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert not shm_segments(f"arl{proc.pid}_")
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+def test_unsupported_pipelines_fail_at_construction():
+  ds = loader.MapDataset.range(5).to_iter_dataset().mp_prefetch(loader.MultiprocessingOptions(num_workers=1))
+  with pytest.raises(ValueError, match="applied twice"):
+    ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=1))
+
+  class Custom(loader.IterDataset):
+
+    def __iter__(self):
+      return iter(())
+
+  with pytest.raises(TypeError, match="cannot parallelise Custom"):
+    Custom().mp_prefetch(loader.MultiprocessingOptions(num_workers=1))
+  with pytest.raises(ValueError, match=r"num_workers must be an integer >= 0 \(got num_workers=-1\)"):
+    loader.MultiprocessingOptions(num_workers=-1)
+
+
+def test_ipc_puts_arrays_in_shared_memory_and_small_payloads_inline():
+  big = [{"a": np.arange(50_000, dtype=np.int64), "b": b"x\x00"}]
+  desc = ipc.encode(big, "arltest_ipc")
+  assert desc[0] == "shm" and "arltest_ipc" in shm_segments()
+  back = ipc.decode(desc)
+  assert "arltest_ipc" not in shm_segments()
+  np.testing.assert_array_equal(back[0]["a"], big[0]["a"])
+  assert back[0]["b"] == b"x\x00" and back[0]["a"].flags.writeable
+  small = ipc.encode([1, np.arange(3)], "unused")
+  assert small[0] == "inline" and ipc.decode(small)[1].tolist() == [0, 1, 2]
