@@ -403,6 +403,8 @@ class MapDatasetIterator(DatasetIterator[T]):
           self._buffer_start, self._buffer, self._pos = self._buffer_start + self._pos, [], 0
           self._producer.reset(self._buffer_start)
           raise error
+        if self._closed:
+          raise ValueError("This iterator was closed; create a new one with iter(dataset).")
         chunk = self._producer.next_chunk()
         if chunk is None:
           raise StopIteration

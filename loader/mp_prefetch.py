@@ -188,7 +188,6 @@ class MultiprocessChunkProducer:
     self._next_consume = 0
     self._released: list[list[str]] = [[] for _ in range(self._num_workers)]
     self._error: BaseException | None = None
-    self._closed = False
     self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._prefix)
 
   def _start_workers(self) -> None:
@@ -266,8 +265,6 @@ class MultiprocessChunkProducer:
       self._released[w].append(name)
 
   def next_chunk(self) -> iter_lib.Chunk | None:
-    if self._closed:
-      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
     if self._error is not None:
       raise self._error
     c = self._next_consume
@@ -323,7 +320,6 @@ class MultiprocessChunkProducer:
     return error
 
   def close(self) -> None:
-    self._closed = True
     self._finalizer()
 
 
