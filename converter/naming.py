@@ -15,7 +15,7 @@ import re
 FORMAT_TOKENS = ("tfrecords", "tfrecord", "tfrec")
 COMPRESSION_SUFFIXES = ("gz", "gzip", "zlib", "deflate")
 
-_TOKEN_RE = re.compile(r"\.(" + "|".join(FORMAT_TOKENS) + r")(?=$|[.\-_])")
+_TOKEN_RE = re.compile(r"\.(" + "|".join(FORMAT_TOKENS) + r")(?=$|[.\-_])", re.IGNORECASE)
 _COMPRESSION_RE = re.compile(r"\.(" + "|".join(COMPRESSION_SUFFIXES) + r")$", re.IGNORECASE)
 _SHARD_RE = re.compile(r"-(\d+)-of-(\d+)")
 

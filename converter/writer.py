@@ -88,9 +88,13 @@ def local_temp_path(final_path: str) -> str:
 def write_bytes_atomic(path: str, data: bytes) -> None:
   """Writes a small file (the manifest) under its final name in one step."""
   tmp = local_temp_path(path)
-  with open(tmp, "wb") as f:
-    f.write(data)
-  publish(tmp, path)
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+    publish(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 def read_bytes(path: str) -> bytes:
@@ -129,8 +133,8 @@ class ArrayRecordShardWriter:
     self._writer.close()
     self._writer = None
     self.bytes_out = os.path.getsize(self._tmp)
-    tmp, self._tmp = self._tmp, None
-    publish(tmp, self.final_path)
+    publish(self._tmp, self.final_path)
+    self._tmp = None  # Only now: if publishing fails, __exit__ removes the temp file.
     return self.bytes_out
 
   def __exit__(self, *exc) -> None:

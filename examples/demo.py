@@ -15,6 +15,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import loader  # noqa: E402
+from converter import read_manifest  # noqa: E402
 from pipelines import convert, make_example_data, verify  # noqa: E402
 
 
@@ -75,7 +76,6 @@ def main(argv=None) -> int:
   convert_s = time.perf_counter() - start
   if rc:
     return rc
-  from converter import read_manifest
   manifest = read_manifest(ar_dir)
   mb = manifest["totals"]["bytes_in"] / 1e6
 
@@ -90,8 +90,7 @@ def main(argv=None) -> int:
 
   _step(f"5/5 Train a small JAX model for {args.steps} steps on the converted data")
   from examples import train_jax
-  losses = train_jax.main(["--data", ar_dir, "--steps", str(args.steps),
-                           "--workers", str(args.workers)], return_losses=True)
+  losses = train_jax.train(ar_dir, steps=args.steps, workers=args.workers, log_every=20)
 
   k = max(1, len(losses) // 10)
   first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k

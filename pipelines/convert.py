@@ -78,7 +78,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  logging.getLogger("apache_beam").setLevel(logging.ERROR)
+  # Our errors are printed as one line below; Beam would log each with a traceback first.
+  logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
   try:
     manifest = run(argv)
   except (ConversionError, ValueError, TypeError) as e:

@@ -53,12 +53,13 @@ def convert_tf_to_arrayrecord_disk_match_shards(
 class _KeyRecordsFn(beam.DoFn):
   """Reads one TFRecord file; keys each record by its output shard."""
 
-  def __init__(self, num_shards: int):
+  def __init__(self, num_shards: int, compression: str, on_corrupt: str):
     self._num_shards = num_shards
+    self._compression, self._on_corrupt = compression, on_corrupt
     self.records = Metrics.counter(self.__class__, "records")
 
   def process(self, path: str):
-    for j, record in enumerate(TFRecordReader(path)):
+    for j, record in enumerate(TFRecordReader(path, self._compression, self._on_corrupt)):
       # A hash of (file, index) spreads records evenly and reproducibly.
       shard = xxhash.xxh64_intdigest(f"{path}\0{j}".encode()) % self._num_shards
       self.records.inc()
@@ -98,11 +99,14 @@ def convert_tf_to_arrayrecord_disk(
     raise ValueError(f"num_shards must be a positive int, got {num_shards!r}.")
   patterns = _patterns(args)
   options = ConvertOptions(output_dir=args["output"],
-                           writer_options=args.get("writer_options", "group_size:1"))
+                           writer_options=args.get("writer_options", "group_size:1"),
+                           compression=args.get("compression", "auto"),
+                           on_corrupt=args.get("on_corrupt", "fail"))
   suffix = args.get("file_name_suffix", ".arrayrecord")
   p = beam.Pipeline(options=pipeline_options or build.pipeline_options([]))
   keyed = (p | "MatchInputs" >> MatchFiles(patterns)
-           | "ReadAndKey" >> beam.ParDo(_KeyRecordsFn(num_shards)))
+           | "ReadAndKey" >> beam.ParDo(
+               _KeyRecordsFn(num_shards, options.compression, options.on_corrupt)))
   every_shard = p | "AllShards" >> beam.Create([(i, None) for i in range(num_shards)])
   _ = ((keyed, every_shard) | "Merge" >> beam.Flatten()
        | "GroupByShard" >> beam.GroupByKey()

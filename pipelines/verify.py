@@ -63,19 +63,21 @@ def array_record_digest(path: str) -> tuple[int, str]:
       os.remove(tmp)
 
 
-def tfrecord_digest(path: str, compression: str = "auto") -> tuple[int, str]:
+def tfrecord_digest(path: str, compression: str = "auto",
+                    on_corrupt: str = "fail") -> tuple[int, str]:
   digest = RecordDigest()
-  digest.update_many(TFRecordReader(path, compression=compression))
+  digest.update_many(TFRecordReader(path, compression=compression, on_corrupt=on_corrupt))
   return digest.records, digest.hexdigest()
 
 
-def check_shard(inp: str, out: str, expected: dict | None, compression: str) -> ShardCheck:
+def check_shard(inp: str, out: str, expected: dict | None, compression: str,
+                on_corrupt: str = "fail") -> ShardCheck:
   c = ShardCheck(input=inp, output=out)
   if not _writer.exists(out):
     c.problem = "output missing"
     return c
   try:
-    c.input_records, c.input_digest = tfrecord_digest(inp, compression)
+    c.input_records, c.input_digest = tfrecord_digest(inp, compression, on_corrupt)
     c.output_records, c.output_digest = array_record_digest(out)
   except (ConversionError, OSError, RuntimeError, ValueError) as e:
     c.problem = f"unreadable: {e}"
@@ -101,6 +103,7 @@ def _manifest_outputs(manifest: dict, output_dir: str) -> dict[str, tuple[str, d
 
 
 def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
+           on_corrupt: str = "fail",
            suffix: str = "array_record", workers: int | None = None) -> list[ShardCheck]:
   """Checks every input against its output; returns one ShardCheck per shard."""
   inputs = expand_patterns(patterns)
@@ -113,7 +116,8 @@ def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
   expected = dict(known.values())
   # Reading releases the GIL in the ArrayRecord reader and crc32c.
   with concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
-    return list(pool.map(lambda io: check_shard(io[0], io[1], expected.get(io[1]), compression),
+    return list(pool.map(lambda io: check_shard(io[0], io[1], expected.get(io[1]), compression,
+                                             on_corrupt),
                          zip(inputs, outputs)))
 
 
@@ -122,9 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--input", action="append", required=True, metavar="PATTERN")
   p.add_argument("--output", required=True, metavar="DIR")
   p.add_argument("--compression", default="auto", choices=("auto", "gzip", "zlib", "none"))
+  p.add_argument("--on-corrupt", "--on_corrupt", dest="on_corrupt", default="fail",
+                 choices=("fail", "skip"),
+                 help="Use 'skip' for outputs converted with --on-corrupt skip: the "
+                 "inputs are then re-read skipping the same damaged records.")
   args = p.parse_args(argv)
   try:
-    checks = verify(args.input, args.output, args.compression)
+    checks = verify(args.input, args.output, args.compression, args.on_corrupt)
   except (ConversionError, ValueError) as e:
     return cli.fail(PROG, str(e))
   bad = [c for c in checks if not c.ok]

@@ -38,8 +38,14 @@ def write_array_records(directory: str | os.PathLike, num_files: int, records_pe
   return paths
 
 
-def shm_segments(prefix: str = "arl") -> set[str]:
-  """Names of our shared-memory segments currently in /dev/shm."""
+def shm_segments(prefix: str | None = None) -> set[str]:
+  """Names of loader shared-memory segments in /dev/shm (default: this process's).
+
+  Segment names start with "arl<pid of the consuming process>_", so tests
+  running in parallel do not see each other's segments.
+  """
+  if prefix is None:
+    prefix = f"arl{os.getpid()}_"
   if not os.path.isdir("/dev/shm"):
     return set()
   return {f for f in os.listdir("/dev/shm") if f.startswith(prefix)}

@@ -276,10 +276,11 @@ def test_unsupported_pipelines_fail_at_construction():
 
 def test_ipc_puts_arrays_in_shared_memory_and_small_payloads_inline():
   big = [{"a": np.arange(50_000, dtype=np.int64), "b": b"x\x00"}]
-  desc = ipc.encode(big, "arltest_ipc")
-  assert desc[0] == "shm" and "arltest_ipc" in shm_segments()
+  name = f"arl{os.getpid()}_test_ipc"
+  desc = ipc.encode(big, name)
+  assert desc[0] == "shm" and name in shm_segments()
   back = ipc.decode(desc)
-  assert "arltest_ipc" not in shm_segments()
+  assert name not in shm_segments()
   np.testing.assert_array_equal(back[0]["a"], big[0]["a"])
   assert back[0]["b"] == b"x\x00" and back[0]["a"].flags.writeable
   small = ipc.encode([1, np.arange(3)], "unused")
