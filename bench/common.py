@@ -142,9 +142,9 @@ def ensure_tfrecord_data(shards: int = 8, records_per_shard: int = 25_000, recor
   if os.path.exists(meta_path):
     with open(meta_path) as f:
       meta = json.load(f)
+    paths = [os.path.join(directory, b) for b in meta["files"]]
     sizes_ok = meta.get("format") == _DATA_FORMAT and all(
-        os.path.exists(os.path.join(directory, b)) and os.path.getsize(os.path.join(directory, b)) == s
-        for b, s in zip(meta["files"], meta["file_sizes"]))
+        os.path.exists(p) and os.path.getsize(p) == s for p, s in zip(paths, meta["file_sizes"]))
     if not sizes_ok:
       meta = None
   if meta is None:
@@ -276,11 +276,13 @@ def check_outputs(paths: Sequence[str], data: DataSet, matched: bool) -> tuple[b
       d.update_many(read_array_record(p))
       if d.hexdigest() != data.shard_digests[i]:
         return False, f"{os.path.basename(p)}: records differ from input shard {i}", total
-    return True, f"{len(paths)} files, {total:,} records, each identical (order too) to its input shard", total
+    return True, (f"{len(paths)} files, {total:,} records, each identical (order too) to "
+                  "its input shard"), total
   got = multiset_digest(r for p in paths for r in read_array_record(p))
   if got != data.multiset:
     return False, f"records differ from the input ({got} != {data.multiset})", total
-  return True, f"{len(paths)} files, {total:,} records, same records as the input (any order)", total
+  return True, (f"{len(paths)} files, {total:,} records, same records as the input "
+                "(any order)"), total
 
 
 # --------------------------------------------------------------------------
@@ -303,11 +305,15 @@ class Measured:
     max_process_rss_mb: ru_maxrss from wait4: the largest single process of
       the tree (exact, not sampled).
     max_processes: Most processes seen in the tree at once.
+    cpu_s: User + system CPU seconds of the child and the descendants it
+      reaped (wait4). Less sensitive than wall time to other load on the
+      machine.
     stdout: Captured stdout+stderr text.
   """
 
   returncode: int
   wall_s: float
+  cpu_s: float
   peak_rss_mb: float
   max_process_rss_mb: float
   max_processes: int
@@ -370,6 +376,7 @@ def run_measured(cmd: Sequence[str], *, timeout: float | None = None, env: dict 
   os.remove(out_path)
   max_rss_kb = rusage.ru_maxrss  # kilobytes on Linux
   return Measured(returncode=proc.returncode, wall_s=wall,
+                  cpu_s=rusage.ru_utime + rusage.ru_stime,
                   peak_rss_mb=max(peak[0], max_rss_kb * 1024) / 1e6,
                   max_process_rss_mb=max_rss_kb * 1024 / 1e6, max_processes=peak[1], stdout=text)
 

@@ -18,7 +18,7 @@ its own subprocess (so imports and worker processes count towards its RSS):
       (Grain's default ReadOptions: 16 threads), and with .mp_prefetch(N);
   (d) tf.data: TFRecordDataset(files).shuffle(10_000).repeat().batch(256)
       (a local shuffle buffer, not a global shuffle; the usual baseline);
-  (e) the limit: batched random ArrayRecordReader.read of 4096 uniformly
+  (e) the limit: batched random ArrayRecordReader.read of 8192 uniformly
       random indices per step (one read per file), no pipeline at all.
 
 records/s is measured in steady state: after the first batch and a warm-up
@@ -46,7 +46,7 @@ from bench import common  # pylint: disable=wrong-import-position
 
 BATCH = 256
 SEED = 42
-RAW_BATCH = 4096
+RAW_BATCH = 8192  # The loader reads ~8192 records per chunk too.
 TARGETS = {"loader_vs_grain_in_process_min": 10.0, "loader_mp_vs_grain_mp_min": 2.0}
 _RESULT_TAG = "LOAD-BENCH-RESULT "
 

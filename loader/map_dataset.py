@@ -346,7 +346,7 @@ def _seed_or_default(ds: MapDataset, seed: int | None, what: str) -> int:
   while not isinstance(node, _WithSeedMapDataset):
     depth += 1
     node = node._parent  # pylint: disable=protected-access
-  return permutation._splitmix64((base << 16) ^ depth) & _MAX_SEED  # pylint: disable=protected-access
+  return permutation.splitmix64((base << 16) ^ depth) & _MAX_SEED
 
 
 class ShuffleMapDataset(MapDataset[T]):

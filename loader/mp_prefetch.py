@@ -31,8 +31,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from loader import ipc
 from loader import iter_dataset as iter_lib
 from loader import map_dataset as map_lib
@@ -290,7 +288,12 @@ class MultiprocessChunkProducer:
     w = c % self._num_workers
     start, _ = self._chunks.pop(c)
     _, _, _, desc, failure = msg
-    elements = ipc.decode(desc)
+    try:
+      elements = ipc.decode(desc)
+    except BaseException:
+      ipc.release(desc)
+      self.reset(start)  # Not handed out: the next call asks for it again.
+      raise
     name = ipc.segment_name(desc)
     if name is not None:
       self._released[w].append(name)

@@ -30,7 +30,8 @@ _S31 = np.uint64(31)
 _S29 = np.uint64(29)
 
 
-def _splitmix64(x: int) -> int:
+def splitmix64(x: int) -> int:
+  """SplitMix64 finaliser of a 64-bit integer (a cheap, well-mixed hash)."""
   x = (x + 0x9E3779B97F4A7C15) & _M64
   x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
   x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
@@ -41,10 +42,10 @@ def _splitmix64(x: int) -> int:
 def _round_keys(seed: int, epoch: int) -> tuple[int, ...]:
   # Hashing (seed, epoch) jointly, not seed + epoch as Grain does, keeps
   # (seed=0, epoch=1) and (seed=1, epoch=0) from sharing a permutation.
-  state = _splitmix64(_splitmix64(seed & _M64) ^ (epoch & _M64))
+  state = splitmix64(splitmix64(seed & _M64) ^ (epoch & _M64))
   keys = []
   for _ in range(_ROUNDS):
-    state = _splitmix64(state)
+    state = splitmix64(state)
     keys.append(state)
   return tuple(keys)
 

@@ -157,7 +157,10 @@ def _read_manifest(directory: str) -> list[tuple[str, int]]:
       raise ValueError(
           f"{path}: shard {i} needs 'output' (a path) and 'records' (an int >= 0); "
           f"got {shard!r}.")
-    out.append((_locate_shard(directory, output), records))
+    located = _locate_shard(directory, output)
+    if not os.path.exists(located):
+      raise FileNotFoundError(f"{path} lists shard {output!r}, which is not at {located}.")
+    out.append((located, records))
   return out
 
 
@@ -232,7 +235,11 @@ class ArrayRecordSource:
 
   def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], *,
                reader_options: str = DEFAULT_READER_OPTIONS):
-    """Opens the index of every file.
+    """Resolves the files and counts their records.
+
+    Counts come from the converter's `manifest.json` when a directory has one
+    (then only the first file is opened, to check it); otherwise every file is
+    opened once.
 
     Args:
       paths: A file, a glob pattern, a directory (its `manifest.json` shard order

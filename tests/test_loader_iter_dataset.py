@@ -221,3 +221,27 @@ def test_error_leaves_state_at_the_failing_element_and_next_retries(stage):
   restored = iter(make(_Flaky((), 0)))
   restored.set_state(state)
   assert as_list(restored) == reference[len(before):]
+
+
+def test_chunk_sizes_adapt_to_batch_size_and_element_bytes():
+  records = loader.MapDataset.range(100_000)
+  sizer = iter_lib.ChunkSizer(records.batch(256), None)
+  assert sizer.size == 1  # A small first chunk: one batch.
+  sizer.observe([np.zeros(256, np.int64)])
+  assert sizer.size == 32  # Then ~8192 records per call.
+  big = iter_lib.ChunkSizer(records, None)
+  big.observe([np.zeros(4 << 20, np.uint8)])  # 4 MiB elements: ~32 MiB per chunk.
+  assert big.size == 8
+  assert iter_lib.ChunkSizer(records, 5).size == 5
+
+
+def test_read_options_validation_and_closed_iterators():
+  with pytest.raises(ValueError, match=r"num_threads must be an integer >= 0 \(got num_threads=-2\)"):
+    loader.ReadOptions(num_threads=-2)
+  with pytest.raises(ValueError, match="chunk_size must be an integer >= 1"):
+    loader.MultiprocessingOptions(num_workers=1, chunk_size=0)
+  it = iter(loader.MapDataset.range(5).to_iter_dataset(loader.ReadOptions(chunk_size=2)))
+  next(it)
+  it.close()
+  with pytest.raises(ValueError, match="closed"):
+    list(it)

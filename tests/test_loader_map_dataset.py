@@ -238,3 +238,14 @@ def test_source_passthrough_for_sequences_and_datasets():
   assert loader.MapDataset.source(ds) is ds
   assert_streams_equal(list(ds.batch(2)), [np.array(["a", "b"], dtype=object), np.array(["c"], dtype=object)])
   assert isinstance(ds, map_lib.SourceMapDataset)
+
+
+def test_shard_by_jax_process_uses_process_index_and_count(monkeypatch):
+  import types  # pylint: disable=g-import-not-at-top
+
+  fake = types.SimpleNamespace(process_index=lambda: 1, process_count=lambda: 3)
+  monkeypatch.setitem(sys.modules, "jax", fake)  # No real JAX needed (or imported).
+  assert list(_ints(10).shard_by_jax_process()) == [3, 4, 5]
+  assert list(_ints(10).shard_by_jax_process(drop_remainder=False)) == [3, 4, 5]
+  fake.process_index = lambda: 2
+  assert list(_ints(10).shard_by_jax_process(drop_remainder=False)) == [6, 7, 8, 9]

@@ -285,3 +285,35 @@ def test_ipc_puts_arrays_in_shared_memory_and_small_payloads_inline():
   assert back[0]["b"] == b"x\x00" and back[0]["a"].flags.writeable
   small = ipc.encode([1, np.arange(3)], "unused")
   assert small[0] == "inline" and ipc.decode(small)[1].tolist() == [0, 1, 2]
+
+
+def _slow(x):
+  time.sleep(0.2)
+  return x
+
+
+def test_interrupt_while_waiting_for_workers_can_be_resumed():
+  ds = loader.MapDataset.range(12).map(_slow).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=2, chunk_size=2))
+  before = shm_segments()
+
+  def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+  old = signal.signal(signal.SIGALRM, interrupt)
+  it = iter(ds)
+  try:
+    assert next(it) == 0
+    first_pids = _producer(it).worker_pids
+    signal.setitimer(signal.ITIMER_REAL, 0.05)  # Fires while next() waits on a worker.
+    with pytest.raises(KeyboardInterrupt):
+      for _ in range(20):
+        next(it)
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, old)
+  assert not _wait_dead(first_pids)  # The interrupted workers were stopped...
+  state = it.get_state()["next_index"]
+  assert list(it) == list(range(state, 12))  # ...and fresh ones resume exactly.
+  it.close()
+  assert shm_segments() <= before

@@ -222,3 +222,11 @@ def test_batched_source_adapts_foreign_sources():
   with pytest.raises(TypeError, match="__len__ and __getitem__"):
     source_lib.BatchedSource(object())
   assert isinstance(loader.ArrayRecordSource.__new__(loader.ArrayRecordSource), loader.RandomAccessDataSource)
+
+
+def test_manifest_naming_a_missing_shard_fails_at_construction(tmp_path):
+  write_array_records(tmp_path, 1, 3)
+  manifest = {"shards": [{"output": "gone-00000-of-00001.array_record", "records": 3}]}
+  (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+  with pytest.raises(FileNotFoundError, match="lists shard 'gone-00000-of-00001.array_record'"):
+    loader.ArrayRecordSource(tmp_path)
