@@ -95,7 +95,8 @@ def _warn_group_size(path: str, writer_options: str) -> None:
         f"{path} was written with group_size:{group_size}: every random read "
         f"decodes a chunk of {group_size} records, which makes shuffled "
         "reading many times slower. Re-convert it with writer options "
-        "'group_size:1' (the converter's default).",
+        "'group_size:1' (`arrayrecord-convert --writer-options group_size:1`, "
+        "the converter's default).",
         stacklevel=3,
     )
 
@@ -271,6 +272,20 @@ class ArrayRecordSource:
     self._starts = self._ends - self._counts
     self._len = int(self._ends[-1]) if len(self._ends) else 0
     self._init_process_state()
+
+  @classmethod
+  def from_tfds(cls, dataset_dir: str | os.PathLike, split: str, **kwargs: Any) -> ArrayRecordSource:
+    """The ArrayRecord shards of a TFDS dataset version folder's `split`.
+
+    Args:
+      dataset_dir: The folder holding `dataset_info.json` (e.g.
+        ~/tensorflow_datasets/mnist/3.0.1), converted to array_record.
+      split: A split name, or several joined with '+' ('train+validation').
+      **kwargs: Passed to `ArrayRecordSource` (e.g. `reader_options`).
+    """
+    from loader import tfds  # pylint: disable=g-import-not-at-top
+
+    return cls(tfds.tfds_array_record_files(os.path.expanduser(os.fspath(dataset_dir)), split), **kwargs)
 
   def _init_process_state(self) -> None:
     self._readers: list[Any] = [None] * len(self._paths)

@@ -230,3 +230,17 @@ def test_manifest_naming_a_missing_shard_fails_at_construction(tmp_path):
   (tmp_path / "manifest.json").write_text(json.dumps(manifest))
   with pytest.raises(FileNotFoundError, match="lists shard 'gone-00000-of-00001.array_record'"):
     loader.ArrayRecordSource(tmp_path)
+
+
+def test_from_tfds_reads_the_split_shards_in_order(tmp_path):
+  d = tmp_path / "toy" / "1.0.0"
+  shards = write_array_records(d, 2, [3, 4], prefix="unused")
+  names = ["toy-train.array_record-00000-of-00002", "toy-train.array_record-00001-of-00002"]
+  for old, new in zip(shards, names):
+    os.rename(old, d / new)
+  info = {"name": "toy", "version": "1.0.0", "fileFormat": "array_record",
+          "splits": [{"name": "train", "shardLengths": ["3", "4"]}]}
+  (d / "dataset_info.json").write_text(json.dumps(info))
+  src = loader.ArrayRecordSource.from_tfds(d, "train")
+  assert [os.path.basename(p) for p in src.paths] == names
+  assert [record_index(r) for r in src.read(range(7))] == list(range(7))
