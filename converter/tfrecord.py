@@ -174,15 +174,8 @@ class TFRecordReader:
       avail = len(buf) - pos
       if avail < 12:
         if not eof:
-          nxt = next(chunks, None)
-          if nxt is None:
-            eof = True
-          else:
-            base += pos
-            buf = buf[pos:] + nxt
-            pos = 0
-            self._consumed = base
-            continue
+          buf, pos, base, eof = self._refill(chunks, buf, pos, base)
+          continue
         if avail == 0:
           if self._stream_truncated:
             self._truncated_stream(base + pos)
@@ -198,14 +191,7 @@ class TFRecordReader:
       end = pos + 12 + length + 4
       if end > len(buf):
         if not eof:
-          nxt = next(chunks, None)
-          if nxt is None:
-            eof = True
-          else:
-            base += pos
-            buf = buf[pos:] + nxt
-            pos = 0
-            self._consumed = base
+          buf, pos, base, eof = self._refill(chunks, buf, pos, base)
           continue
         present = min(len(buf) - pos - 12, length)
         self._bad_tail(base + pos, f"the file ends inside the record (header says "
@@ -223,6 +209,15 @@ class TFRecordReader:
       stats.bytes_records += length
       pos = end
       yield data
+
+  def _refill(self, chunks: Iterator[bytes], buf: bytes, pos: int, base: int):
+    """Appends the next chunk to the unread rest of buf: (buf, pos, base, eof)."""
+    nxt = next(chunks, None)
+    if nxt is None:
+      return buf, pos, base, True
+    base += pos
+    self._consumed = base
+    return buf[pos:] + nxt, 0, base, False
 
   def _bad_tail(self, offset: int, reason: str) -> None:
     if self.on_corrupt == "fail":

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+from typing import Any, Callable
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from converter import ConvertOptions, ConversionError
+from converter import ConvertOptions, ConversionError, CorruptRecordError
 from converter.tfrecord import COMPRESSIONS
 
 
@@ -74,3 +76,25 @@ def user_error_from(exc: BaseException) -> str | None:
       line = text[start:end if end >= 0 else None]
       return line.split(" [while running")[0].strip()
   return None
+
+
+def run_reporting_errors(prog: str, run: Callable[[], Any]) -> tuple[Any, int | None]:
+  """Runs a conversion; our errors become one line on stderr and an exit code.
+
+  Returns:
+    (result, None) on success, or (None, exit code): 2 for bad arguments or
+    inputs found before the run, 1 for a run that failed on bad data.
+  """
+  # Beam would log each error with a traceback before we print our line.
+  logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+  try:
+    return run(), None
+  except (ConversionError, ValueError, TypeError) as e:
+    # A corrupt record is found while converting: a failed run, not a usage error.
+    code = 1 if isinstance(e, CorruptRecordError) else 2
+    return None, fail(prog, str(e).split(" [while running")[0], code=code)
+  except Exception as e:  # pylint: disable=broad-except
+    msg = user_error_from(e)
+    if msg is None:
+      raise
+    return None, fail(prog, msg.split(" [while running")[0], code=1)

@@ -9,14 +9,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from typing import Sequence
 
 import apache_beam as beam
 
-from converter import (ConversionError, CorruptRecordError, expand_patterns, plan_shards,
+from converter import (expand_patterns, plan_shards,
                        read_manifest)
 from pipelines import build, cli
 
@@ -78,18 +77,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  # Our errors are printed as one line below; Beam would log each with a traceback first.
-  logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-  try:
-    manifest = run(argv)
-  except (ConversionError, ValueError, TypeError) as e:
-    # A corrupt record is found while converting: a failed run, not a usage error.
-    return cli.fail(PROG, str(e), code=1 if isinstance(e, CorruptRecordError) else 2)
-  except Exception as e:  # pylint: disable=broad-except
-    msg = cli.user_error_from(e)
-    if msg is None:
-      raise
-    return cli.fail(PROG, msg, code=1)
+  manifest, code = cli.run_reporting_errors(PROG, lambda: run(argv))
+  if code is not None:
+    return code
   seconds = manifest.pop("_seconds")
   print(summarize(manifest, seconds, manifest["output_dir"]))
   return 1 if manifest["totals"]["failed"] else 0

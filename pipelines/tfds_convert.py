@@ -419,17 +419,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  # Our errors are printed as one line below; Beam would log each with a traceback first.
-  logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-  try:
-    manifest = run(argv)
-  except (ConversionError, ValueError, TypeError) as e:
-    return cli.fail(PROG, str(e).split(" [while running")[0])
-  except Exception as e:  # pylint: disable=broad-except
-    msg = cli.user_error_from(e)
-    if msg is None:
-      raise
-    return cli.fail(PROG, msg.split(" [while running")[0], code=1)
+  manifest, code = cli.run_reporting_errors(PROG, lambda: run(argv))
+  if code is not None:
+    return code
   seconds, plan, checks = manifest.pop("_seconds"), manifest.pop("_plan"), manifest.pop("_checks")
   print(convert.summarize(manifest, seconds, plan.out_dir))
   print(_summary(plan))
