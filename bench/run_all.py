@@ -98,6 +98,10 @@ def render(results: dict[str, dict]) -> str:
       parts += ["Ratios:", ""] + [f"- {k}: **{_fmt(v)}**" for k, v in res["ratios"].items()] + [""]
     if res.get("notes"):
       parts += [f"- {n}" for n in res["notes"]] + [""]
+  notes = os.path.join(HERE, "analysis.md")
+  if os.path.exists(notes):  # Hand-written reading of the numbers, kept across re-runs.
+    with open(notes) as f:
+      parts += ["", f.read().strip()]
   return "\n".join(parts) + "\n"
 
 
