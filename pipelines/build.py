@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Sequence
 
 import apache_beam as beam
@@ -33,7 +34,5 @@ def add_conversion(p: beam.Pipeline, options: ConvertOptions, *,
     paths = p | "Inputs" >> beam.Create(sorted(files))
   else:
     paths = p | "MatchInputs" >> MatchFiles(list(patterns))
-  return paths | "ConvertToArrayRecord" >> ConvertToArrayRecord(
-      options.output_dir, writer_options=options.writer_options,
-      compression=options.compression, on_corrupt=options.on_corrupt,
-      existing=options.existing, suffix=options.suffix, input_root=options.input_root)
+  # Every ConvertOptions field is a ConvertToArrayRecord argument of the same name.
+  return paths | "ConvertToArrayRecord" >> ConvertToArrayRecord(**dataclasses.asdict(options))
