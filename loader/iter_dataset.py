@@ -446,6 +446,20 @@ class SequentialIterDataset(IterDataset[T]):
     return self.make_iterator(iter(self._parent))
 
 
+class _ParentPositionIterator(DatasetIterator[T]):
+  """An iterator that holds nothing between calls: its position is its parent's.
+
+  Its __next__ resets the parent to where it started when it fails, so the
+  parent's state always points at the next element this iterator will read.
+  """
+
+  def get_state(self) -> dict[str, Any]:
+    return self._parent.get_state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._parent.set_state(state)
+
+
 class MapIterDataset(SequentialIterDataset[S]):
 
   def __init__(self, parent: IterDataset[T], fn: Callable[[T], S]):
@@ -459,7 +473,7 @@ class MapIterDataset(SequentialIterDataset[S]):
     return _MapIterator(parent, self._fn)
 
 
-class _MapIterator(DatasetIterator[S]):
+class _MapIterator(_ParentPositionIterator[S]):
 
   def __init__(self, parent: DatasetIterator, fn: Callable[[Any], S]):
     super().__init__(parent)
@@ -473,12 +487,6 @@ class _MapIterator(DatasetIterator[S]):
     except Exception:
       self._parent.set_state(state)  # So the state (and a retry) is at x.
       raise
-
-  def get_state(self) -> dict[str, Any]:
-    return self._parent.get_state()
-
-  def set_state(self, state: dict[str, Any]) -> None:
-    self._parent.set_state(state)
 
 
 class FilterIterDataset(SequentialIterDataset[T]):
@@ -494,7 +502,7 @@ class FilterIterDataset(SequentialIterDataset[T]):
     return _FilterIterator(parent, self._fn)
 
 
-class _FilterIterator(DatasetIterator[T]):
+class _FilterIterator(_ParentPositionIterator[T]):
 
   def __init__(self, parent: DatasetIterator, fn: Callable[[Any], bool]):
     super().__init__(parent)
@@ -511,12 +519,6 @@ class _FilterIterator(DatasetIterator[T]):
         raise
       if keep:
         return x
-
-  def get_state(self) -> dict[str, Any]:
-    return self._parent.get_state()
-
-  def set_state(self, state: dict[str, Any]) -> None:
-    self._parent.set_state(state)
 
 
 class BatchIterDataset(SequentialIterDataset[S]):
@@ -535,7 +537,7 @@ class BatchIterDataset(SequentialIterDataset[S]):
     return _BatchIterator(parent, self._batch_size, self._drop_remainder, self._batch_fn)
 
 
-class _BatchIterator(DatasetIterator[S]):
+class _BatchIterator(_ParentPositionIterator[S]):
 
   def __init__(self, parent: DatasetIterator, batch_size: int, drop_remainder: bool,
                batch_fn: Callable[[Sequence[Any]], S]):
@@ -562,12 +564,6 @@ class _BatchIterator(DatasetIterator[S]):
       parent.set_state(state)
       raise
     raise StopIteration
-
-  def get_state(self) -> dict[str, Any]:
-    return self._parent.get_state()
-
-  def set_state(self, state: dict[str, Any]) -> None:
-    self._parent.set_state(state)
 
 
 class ThreadPrefetchIterDataset(SequentialIterDataset[T]):
