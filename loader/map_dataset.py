@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import numpy as np
 
 from loader import batching
+from loader import checks
 from loader import permutation
 from loader import source as source_lib
 
@@ -35,33 +36,19 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 S = TypeVar("S")
 
-_MAX_SEED = 2**32 - 1
+_MAX_SEED = checks.MAX_SEED
 
 
 def _check_seed(seed: Any, what: str) -> int:
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= _MAX_SEED:
-    raise ValueError(f"{what}: seed must be an integer between 0 and 2**32-1 (got {seed=!r}).")
-  return int(seed)
+  return checks.check_seed(seed, what)
 
 
 def _check_positive_int(value: Any, name: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-    raise ValueError(f"{name} must be a positive integer (got {name}={value!r}).")
-  return int(value)
+  return checks.check_int(value, name, minimum=1)
 
 
-def _resolve_fn(transform: Any, method: str, what: str) -> Callable[..., Any]:
-  """Accepts a callable or a Grain-style transform object with `method`."""
-  fn = getattr(transform, method, None)
-  if callable(fn) and not isinstance(transform, type):
-    return fn
-  if callable(transform):
-    return transform
-  raise TypeError(f"{what} expects a callable or an object with a .{method}() method (got {transform!r}).")
-
-
-def _fn_name(fn: Callable[..., Any]) -> str:
-  return getattr(fn, "__qualname__", None) or type(fn).__name__
+_resolve_fn = checks.resolve_fn
+_fn_name = checks.fn_name
 
 
 class MapDataset(abc.ABC, Generic[T]):
