@@ -31,6 +31,7 @@ setuptools.setup(
         "gcp": ["apache-beam[gcp]>=2.77.0"],
         "tfds": ["tensorflow>=2.16", "tensorflow-datasets>=4.9.6"],
         "jax": ["jax>=0.4.30"],
+        "orbax": ["orbax-checkpoint>=0.11"],
         "dev": [
             "pytest>=8",
             "pytest-timeout",
@@ -39,6 +40,7 @@ setuptools.setup(
             "tensorflow-datasets>=4.9.6",
             "grain==0.2.18",
             "jax>=0.4.30",
+            "orbax-checkpoint>=0.11",
             "apache-beam[gcp]>=2.77.0",
             "gcp-storage-emulator",
             "matplotlib",
