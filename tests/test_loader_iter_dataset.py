@@ -238,7 +238,7 @@ def test_chunk_sizes_adapt_to_batch_size_and_element_bytes():
 def test_read_options_validation_and_closed_iterators():
   with pytest.raises(ValueError, match=r"num_threads must be an integer >= 0 \(got num_threads=-2\)"):
     loader.ReadOptions(num_threads=-2)
-  with pytest.raises(ValueError, match="chunk_size must be an integer >= 1"):
+  with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
     loader.MultiprocessingOptions(num_workers=1, chunk_size=0)
   it = iter(loader.MapDataset.range(5).to_iter_dataset(loader.ReadOptions(chunk_size=2)))
   next(it)
