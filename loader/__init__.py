@@ -1,25 +1,30 @@
 """Globally shuffled, checkpointable, multi-process loading of ArrayRecord data.
 
-The API mirrors Grain's names, so Grain-style code ports by changing the
-import::
+`loader` has Grain 0.2.18's public API, so Grain code ports by changing the
+import line — `import loader as grain` for `import grain`, and
+`import loader.python as grain` for `import grain.python as grain`::
 
-  import loader
+  import loader as grain
 
-  src = loader.ArrayRecordSource("/data/train")        # dir, glob or files
-  ds = (loader.MapDataset.source(src)
+  src = grain.sources.ArrayRecordDataSource(["/data/train-00000-of-00008.array_record", ...])
+  ds = (grain.MapDataset.source(src)
         .shuffle(seed=42)
         .map(parse)
         .batch(256, drop_remainder=True)
         .repeat())
-  ds = ds.to_iter_dataset().mp_prefetch(loader.MultiprocessingOptions(num_workers=8))
+  ds = ds.to_iter_dataset().mp_prefetch(grain.multiprocessing.MultiprocessingOptions(num_workers=8))
   it = iter(ds)
   batch = next(it)
-  loader.save_state("ckpt/data.json", it)             # resume exactly later
+  state = it.get_state()                              # JSON-able; it.set_state(state) resumes
 
 Unlike Grain, the produced stream is identical for every worker count and
 prefetch setting, and a checkpoint taken with one worker count resumes with
-any other. Importing this package never imports TensorFlow, JAX or Grain;
-`loader.jax` (device placement) imports JAX only when its functions run.
+any other. `loader.ArrayRecordSource` also reads directories (via the
+converter's manifest) and glob patterns, and `loader.save_state` /
+`restore_state` write checkpoints as small JSON files.
+
+Importing this package never imports TensorFlow, JAX, Grain, Beam or pyarrow,
+and stays cheap: the namespaces below are imported on first attribute access.
 """
 
 from __future__ import annotations
@@ -27,8 +32,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from loader.checkpoint import restore_state
-from loader.checkpoint import save_state
+from loader.config import config
 from loader.example import FixedLenFeature
 from loader.example import VarLenFeature
 from loader.example import parse_example
@@ -41,7 +45,34 @@ from loader.options import ReadOptions
 from loader.source import ArrayRecordSource
 from loader.source import RandomAccessDataSource
 
-__all__ = [
+# name -> (module, attribute; None for the module itself). Imported on first
+# access: the submodules pull in more of the engine (data_loader, checkpoint)
+# or, for `jax`, JAX when used, and none of it belongs in `import loader` — a
+# worker process or a tool that only builds pipelines should not pay for it.
+_LAZY: dict[str, tuple[str, str | None]] = {
+    # Grain's top-level names.
+    "DataLoader": ("loader.data_loader", "DataLoader"),
+    "DataLoaderIterator": ("loader.data_loader", "DataLoaderIterator"),
+    "Record": ("loader.record", "Record"),
+    "RecordMetadata": ("loader.record", "RecordMetadata"),
+    "load": ("loader.data_loader", "load"),
+    "checkpoint": ("loader.checkpoint", None),
+    "constants": ("loader.constants", None),
+    "experimental": ("loader.experimental", None),
+    "multiprocessing": ("loader.multiprocessing", None),
+    "samplers": ("loader.samplers", None),
+    "sharding": ("loader.sharding", None),
+    "sources": ("loader.sources", None),
+    "transforms": ("loader.transforms", None),
+    # grain.python's mirror, for `import loader.python as grain`.
+    "python": ("loader.python", None),
+    # loader's own.
+    "jax": ("loader.jax", None),
+    "restore_state": ("loader.checkpoint", "restore_state"),
+    "save_state": ("loader.checkpoint", "save_state"),
+}
+
+__all__ = sorted([
     "ArrayRecordSource",
     "DatasetIterator",
     "FixedLenFeature",
@@ -52,17 +83,29 @@ __all__ = [
     "ReadOptions",
     "VarLenFeature",
     "WorkerError",
-    "jax",
+    "config",
     "parse_example",
-    "restore_state",
-    "save_state",
-]
+    *_LAZY,
+])
+
+
+def lazy_attribute(module_name: str, table: dict[str, tuple[str, str | None]], name: str) -> Any:
+  """Resolves `name` of `module_name` from its lazy `table`; AttributeError if absent.
+
+  Shared by `loader` and `loader.python`, whose `__getattr__` call it.
+  """
+  target = table.get(name)
+  if target is None:
+    raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+  module = importlib.import_module(target[0])
+  return module if target[1] is None else getattr(module, target[1])
 
 
 def __getattr__(name: str) -> Any:
-  # `loader.jax` is imported on first access: the module itself only imports
-  # JAX inside its functions, but keeping it out of `import loader` keeps
-  # worker start-up lean and avoids shadowing confusion with the real `jax`.
-  if name == "jax":
-    return importlib.import_module("loader.jax")
-  raise AttributeError(f"module 'loader' has no attribute {name!r}")
+  value = lazy_attribute(__name__, _LAZY, name)
+  globals()[name] = value  # Later lookups skip __getattr__.
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_LAZY))
