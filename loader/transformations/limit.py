@@ -1,0 +1,56 @@
+"""`LimitIterDataset`: the first `count` elements of a stream (Grain's)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from loader import checks
+from loader import iter_dataset as iter_lib
+
+T = TypeVar("T")
+
+
+class LimitIterDataset(iter_lib.SequentialIterDataset[T]):
+  """Stops after `count` elements: `LimitIterDataset(range5_iter, 2)` -> 0, 1.
+
+  Args:
+    parent: The stream to limit.
+    count: The maximum number of elements, a positive integer.
+  """
+
+  _same_as_grain = True
+
+  def __init__(self, parent: iter_lib.IterDataset[T], count: int):
+    super().__init__(parent)
+    self._count = checks.check_int(count, "count", minimum=1)
+
+  def _op_repr(self) -> str:
+    return f".limit({self._count})"
+
+  def make_iterator(self, parent: iter_lib.DatasetIterator) -> iter_lib.DatasetIterator[T]:
+    return _LimitIterator(parent, self._count)
+
+
+class _LimitIterator(iter_lib.DatasetIterator[T]):
+  """State: `{"parent": ..., "count_elements_read": n}`, as in Grain."""
+
+  def __init__(self, parent: iter_lib.DatasetIterator[T], count: int):
+    super().__init__(parent)
+    self._count = count
+    self._read = 0
+
+  def __next__(self) -> T:
+    if self._read >= self._count:
+      raise StopIteration  # Without touching the parent: it may be infinite.
+    x = next(self._parent)
+    self._read += 1
+    return x
+
+  def get_state(self) -> dict[str, Any]:
+    return {"parent": self._parent.get_state(), "count_elements_read": self._read}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    iter_lib.check_state(state, ("parent", "count_elements_read"), type(self).__name__)
+    read = checks.check_int(state["count_elements_read"], "count_elements_read", minimum=0)
+    self._parent.set_state(state["parent"])
+    self._read = read

@@ -1,0 +1,144 @@
+"""`RebatchIterDataset`: batches cut and glued to a new batch size (Grain's).
+
+Input elements are batched pytrees (dicts, lists, tuples, namedtuples of
+arrays with a common leading dimension). Rows flow through in order: a new
+batch takes the rest of one input batch and the start of the next. State is
+Grain's: `{"parent": <parent state before the input batch being cut>,
+"batch_idx": <rows of it already used>}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from loader import checks
+from loader import iter_dataset as iter_lib
+
+
+def _sorted_keys(mapping: Mapping) -> list[Any]:
+  # Sorted like JAX pytrees, so dicts built in different orders still line up.
+  try:
+    return sorted(mapping)
+  except TypeError:
+    return list(mapping)
+
+
+def _flatten(tree: Any, out: list[Any]) -> list[Any]:
+  if isinstance(tree, Mapping):
+    for k in _sorted_keys(tree):
+      _flatten(tree[k], out)
+  elif isinstance(tree, (list, tuple)):
+    for v in tree:
+      _flatten(v, out)
+  elif tree is not None:  # None is an empty subtree, as in JAX.
+    out.append(tree)
+  return out
+
+
+def _unflatten(structure: Any, leaves: Any) -> Any:
+  """`structure` with its leaves replaced, in `_flatten` order, from the iterator `leaves`."""
+  if isinstance(structure, Mapping):
+    values = {k: _unflatten(structure[k], leaves) for k in _sorted_keys(structure)}
+    ordered = {k: values[k] for k in structure}
+    return ordered if type(structure) is dict else type(structure)(ordered)
+  if isinstance(structure, (list, tuple)):
+    items = [_unflatten(v, leaves) for v in structure]
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+      return type(structure)(*items)
+    return type(structure)(items)
+  if structure is None:
+    return None
+  return next(leaves)
+
+
+class RebatchIterDataset(iter_lib.SequentialIterDataset):
+  """Re-cuts batched elements into batches of `batch_size` rows.
+
+  Args:
+    parent: A stream of batched pytrees.
+    batch_size: Rows per output batch, a positive integer.
+    drop_remainder: Drop a last batch with fewer than `batch_size` rows.
+  """
+
+  _same_as_grain = True
+
+  def __init__(self, parent: iter_lib.IterDataset, batch_size: int, drop_remainder: bool = False):
+    super().__init__(parent)
+    self._batch_size = checks.check_int(batch_size, "batch_size", minimum=1)
+    self._drop_remainder = bool(drop_remainder)
+
+  def _op_repr(self) -> str:
+    return f".rebatch({self._batch_size}, drop_remainder={self._drop_remainder})"
+
+  def make_iterator(self, parent: iter_lib.DatasetIterator) -> iter_lib.DatasetIterator:
+    return _RebatchIterator(parent, self._batch_size, self._drop_remainder)
+
+
+class _RebatchIterator(iter_lib.DatasetIterator):
+
+  def __init__(self, parent: iter_lib.DatasetIterator, batch_size: int, drop_remainder: bool):
+    super().__init__(parent)
+    self._batch_size = batch_size
+    self._drop_remainder = drop_remainder
+    self._structure: Any = None  # Of the first input, as Grain caches its treedef.
+    self._parent_state = parent.get_state()  # Before the input batch being cut.
+    self._leaves: list[Any] | None = None  # None: (re)read that input batch.
+    self._rows = 0
+    self._pos = 0  # Rows of it already used.
+
+  def _read(self) -> bool:
+    """Loads the input batch at `_parent_state`; False at the end of the stream."""
+    try:
+      x = next(self._parent)
+    except StopIteration:
+      return False
+    leaves = _flatten(x, [])
+    rows = len(leaves[0]) if leaves else 0
+    if rows <= 0:
+      raise ValueError(f"RebatchIterDataset needs batched elements with a leading dimension >= 1 (got {x!r:.200}).")
+    if self._structure is None:
+      self._structure = x
+    self._leaves, self._rows = leaves, rows
+    return True
+
+  def __next__(self) -> Any:
+    start = (self._parent_state, self._pos)
+    pieces: list[list[Any]] = []
+    need = self._batch_size
+    try:
+      while need:
+        if self._leaves is not None and self._pos >= self._rows:  # Used up: next input.
+          self._parent_state = self._parent.get_state()
+          self._leaves, self._pos = None, 0
+        if self._leaves is None and not self._read():
+          break
+        take = min(need, self._rows - self._pos)
+        if take > 0:
+          pieces.append([leaf[self._pos:self._pos + take] for leaf in self._leaves])
+        self._pos += take
+        need -= take
+    except Exception:
+      # Rewind to this batch's start, so the state and a retry agree.
+      self._parent.set_state(start[0])
+      self._parent_state, self._pos, self._leaves = start[0], start[1], None
+      raise
+    if not pieces or (need and self._drop_remainder):
+      raise StopIteration
+    if len(pieces) == 1:
+      leaves = pieces[0]
+    else:
+      leaves = [np.concatenate(parts, axis=0) for parts in zip(*pieces)]
+    return _unflatten(self._structure, iter(leaves))
+
+  def get_state(self) -> dict[str, Any]:
+    return {"parent": self._parent_state, "batch_idx": self._pos}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    iter_lib.check_state(state, ("parent", "batch_idx"), type(self).__name__)
+    pos = checks.check_int(state["batch_idx"], "batch_idx", minimum=0)
+    self._parent.set_state(state["parent"])
+    self._parent_state = self._parent.get_state()
+    self._leaves, self._pos = None, pos
