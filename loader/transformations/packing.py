@@ -1,0 +1,195 @@
+"""First-fit and best-fit packing of variable-length sequences into bins.
+
+`FirstFitPackIterDataset` / `BestFitPackIterDataset` take Grain 0.2.18's
+arguments and produce exactly Grain's packed examples for the same input order
+(see `packing_utils` for the algorithm). They are sequential stages: after
+`mp_prefetch` they run in the consuming process on the reassembled stream, so
+the packed examples do not depend on the worker count (Grain packs per worker).
+
+State: `{"parent": <parent state where the window being emitted starts>,
+"next_row": <rows of it already emitted>, "counter": <rows emitted in all>}`,
+Grain's layout. A restore re-reads that one window from the parent, packs it
+again (deterministically: the bin shuffle is seeded by `seed + rows emitted
+before the window`) and skips `next_row` rows, so it is exact at every step
+and costs at most one window of parent elements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from loader import checks
+from loader import iter_dataset
+from loader import state as state_lib
+from loader.transformations import packing_utils
+
+
+class _PackIterator(iter_dataset.DatasetIterator):
+  """Emits the rows of one packed window at a time, filling the next meanwhile."""
+
+  def __init__(self, parent: iter_dataset.DatasetIterator, spec: packing_utils.PackSpec, *,
+               seed: int, shuffle_bins: bool, group_by_feature: str | None, owner: str):
+    super().__init__(parent)
+    self._spec = spec
+    self._seed = seed
+    self._shuffle_bins = shuffle_bins
+    self._group_by_feature = group_by_feature
+    self._owner = owner
+    self._reset(parent.get_state(), rows_before=0, next_row=0)
+
+  def _reset(self, window_state: dict[str, Any], *, rows_before: int, next_row: int) -> None:
+    self._window_state = window_state
+    self._rows_before = rows_before  # Seeds the window's bin shuffle.
+    self._next_row = next_row
+    self._filling: packing_utils.PackingWindow | None = None
+    self._batch: dict[str, Any] | None = None
+    self._order = None
+    self._num_rows = 0
+    self._after_state: dict[str, Any] | None = None  # Where the window after this one starts.
+
+  def get_state(self) -> dict[str, Any]:
+    return {"parent": self._window_state, "next_row": self._next_row,
+            "counter": self._rows_before + self._next_row}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    state_lib.check_keys(state, ("parent", "next_row", "counter"), self._owner)
+    next_row = checks.check_int(state["next_row"], "next_row", minimum=0)
+    counter = checks.check_int(state["counter"], "counter", minimum=next_row)
+    self._parent.set_state(state["parent"])
+    self._reset(self._parent.get_state(), rows_before=counter - next_row, next_row=next_row)
+
+  def _finish_window(self, next_element: Any, next_state: dict[str, Any]) -> None:
+    batch = self._filling.packed_batch()
+    self._num_rows = len(batch[self._spec.output_keys[0]])
+    if self._next_row >= self._num_rows:
+      raise ValueError(
+          f"{self._owner}.set_state: the state points at row {self._next_row} of a packed window that "
+          f"has {self._num_rows} rows; was it saved from a different pipeline or input?")
+    if self._shuffle_bins:
+      self._order = packing_utils.row_order(batch, self._num_rows, self._seed + self._rows_before,
+                                            self._group_by_feature)
+    self._batch = batch
+    self._after_state = next_state
+    self._filling = None
+    if next_element is not None:
+      self._filling = packing_utils.PackingWindow(self._spec, next_element)
+      if not self._filling.try_add(next_element):
+        raise ValueError(f"{self._owner}: could not add an element to an empty packed window "
+                         f"(length_struct lengths {self._spec.capacities}); please file a bug.")
+
+  def _fill(self) -> None:
+    parent = self._parent
+    while True:
+      state = parent.get_state()
+      try:
+        element = next(parent)
+      except StopIteration:
+        if self._filling is None:
+          raise
+        self._finish_window(None, state)  # The last, possibly partial, window.
+        return
+      if self._filling is None:
+        self._filling = packing_utils.PackingWindow(self._spec, element)
+      if not self._filling.try_add(element):
+        self._finish_window(element, state)
+        return
+
+  def __next__(self) -> dict[str, Any]:
+    if self._closed:
+      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+    if self._batch is None:
+      self._fill()
+    r = self._next_row if self._order is None else self._order[self._next_row]
+    out = {k: v[r] for k, v in self._batch.items()}
+    self._next_row += 1
+    if self._next_row >= self._num_rows:
+      self._rows_before += self._num_rows
+      self._window_state = self._after_state
+      self._batch, self._order, self._next_row = None, None, 0
+    return out
+
+
+class _PackIterDataset(iter_dataset.SequentialIterDataset):
+  """Shared constructor of the bin-packing datasets."""
+
+  _same_as_grain = True  # Grain's packed examples, for the same input order.
+  _BEST_FIT = False
+
+  def __init__(
+      self,
+      parent: iter_dataset.IterDataset,
+      *,
+      length_struct: Any,
+      num_packing_bins: int,
+      seed: int = 0,
+      shuffle_bins: bool = True,
+      shuffle_bins_group_by_feature: str | None = None,
+      meta_features: Sequence[str] = (),
+      pack_alignment_struct: Any = None,
+      padding_struct: Any = None,
+      max_sequences_per_bin: int | None = None,
+  ):
+    """Packs the parent's variable-length dict elements into bins.
+
+    Args:
+      parent: Elements are dicts holding a 1-D (or N-D, packed along axis 0)
+        array or scalar per key of `length_struct`, each no longer than its
+        length there; other keys are dropped (except meta features).
+      length_struct: Packed length per feature, e.g. `{"inputs": 1024}`.
+      num_packing_bins: Rows packed at once; more rows waste less padding.
+      seed: Seeds the bin shuffle (window w uses `seed + rows before it`).
+      shuffle_bins: Emit each window's rows in a seeded random order.
+      shuffle_bins_group_by_feature: Then sort rows by the mean of this
+        feature's distinct non-zero values (stable in the shuffled order).
+      meta_features: Features packed without `_segment_ids`/`_positions` (if in
+        `length_struct`) or returned as per-row lists of the packed elements'
+        values (if not).
+      pack_alignment_struct: Per feature, round each element's end up to a
+        multiple of this.
+      padding_struct: Per feature, the padding value (default 0).
+      max_sequences_per_bin: At most this many elements per row.
+    """
+    super().__init__(parent)
+    owner = type(self).__name__
+    self._spec = packing_utils.make_spec(
+        owner, length_struct=length_struct, num_packing_bins=num_packing_bins,
+        meta_features=meta_features, pack_alignment_struct=pack_alignment_struct,
+        padding_struct=padding_struct, max_sequences_per_bin=max_sequences_per_bin,
+        shuffle_bins_group_by_feature=shuffle_bins_group_by_feature, best_fit=self._BEST_FIT)
+    self._seed = checks.check_int(seed, "seed", minimum=0)
+    self._shuffle_bins = bool(shuffle_bins)
+    self._group_by_feature = shuffle_bins_group_by_feature
+    self._length_struct = dict(length_struct)
+
+  def _op_repr(self) -> str:
+    return (f".{type(self).__name__}(length_struct={self._length_struct}, "
+            f"num_packing_bins={self._spec.num_bins}, shuffle_bins={self._shuffle_bins}, seed={self._seed})")
+
+  def __str__(self) -> str:
+    return type(self).__name__
+
+  def make_iterator(self, parent: iter_dataset.DatasetIterator) -> iter_dataset.DatasetIterator:
+    return _PackIterator(parent, self._spec, seed=self._seed, shuffle_bins=self._shuffle_bins,
+                         group_by_feature=self._group_by_feature, owner=type(self).__name__)
+
+
+class FirstFitPackIterDataset(_PackIterDataset):
+  """First-fit packing (Grain's `grain.experimental.FirstFitPackIterDataset`).
+
+  Each element goes to the first of `num_packing_bins` rows where all its
+  features fit; when it fits in none, the rows are emitted (optionally
+  shuffled) and a new window starts with it. Every packed feature `k` gets
+  `k_segment_ids` (1, 2, ... per element in the row, 0 for padding) and
+  `k_positions` (0, 1, ... within each element).
+  """
+
+
+class BestFitPackIterDataset(_PackIterDataset):
+  """Best-fit packing (Grain's `grain.experimental.BestFitPackIterDataset`).
+
+  Like first-fit, but each element goes to the fitting row with the most used
+  cells (summed over features), which leaves less padding when lengths vary.
+  """
+
+  _BEST_FIT = True
