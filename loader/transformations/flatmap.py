@@ -22,6 +22,7 @@ import numpy as np
 
 from loader import checks
 from loader import iter_dataset as iter_lib
+from loader import state as state_lib
 from loader import map_dataset as map_lib
 
 T = TypeVar("T")
@@ -126,22 +127,27 @@ class _FlatMapIterator(iter_lib.DatasetIterator[T]):
   def __init__(self, parent: iter_lib.DatasetIterator, flat_map: Callable[[Any], Any]):
     super().__init__(parent)
     self._flat_map = flat_map
-    self._parent_state = parent.get_state()  # Before the element being split.
+    # Read outside get_state, the parent's state comes stamped with its pipeline
+    # description (loader.state); nested in ours, only the position is kept.
+    self._parent_state = state_lib.strip(parent.get_state())  # Before the element being split.
     # None: the splits of the element at `_parent_state` must be (re)built,
     # after a restore or a failure, skipping the first `_next` of them.
     self._buffer: Sequence[Any] | None = None
     self._next = 0
+    # An element whose flat_map raised: a retry splits it again rather than
+    # rewinding the parent (the state already points before it).
+    self._failed: list[Any] = []
 
   def __next__(self) -> T:
     while self._buffer is None or self._next >= len(self._buffer):
       if self._buffer is not None:  # All splits handed out: on to the next element.
-        self._parent_state = self._parent.get_state()
+        self._parent_state = state_lib.strip(self._parent.get_state())
         self._buffer, self._next = None, 0
-      x = next(self._parent)  # StopIteration ends the stream.
+      x = self._failed.pop() if self._failed else next(self._parent)  # StopIteration ends the stream.
       try:
         self._buffer = _as_sequence(self._flat_map(x))
       except Exception:
-        self._parent.set_state(self._parent_state)  # A retry splits x again.
+        self._failed.append(x)
         raise
     x = self._buffer[self._next]
     self._next += 1
@@ -151,8 +157,8 @@ class _FlatMapIterator(iter_lib.DatasetIterator[T]):
     return {"parent": self._parent_state, "next_index_in_buffer": self._next}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    iter_lib.check_state(state, ("parent", "next_index_in_buffer"), type(self).__name__)
+    state_lib.check_keys(state, ("parent", "next_index_in_buffer"), type(self).__name__)
     skip = checks.check_int(state["next_index_in_buffer"], "next_index_in_buffer", minimum=0)
     self._parent.set_state(state["parent"])
     self._parent_state = self._parent.get_state()
-    self._buffer, self._next = None, skip
+    self._buffer, self._next, self._failed = None, skip, []

@@ -6,6 +6,7 @@ from typing import Any, TypeVar
 
 from loader import checks
 from loader import iter_dataset as iter_lib
+from loader import state as state_lib
 
 T = TypeVar("T")
 
@@ -50,7 +51,7 @@ class _LimitIterator(iter_lib.DatasetIterator[T]):
     return {"parent": self._parent.get_state(), "count_elements_read": self._read}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    iter_lib.check_state(state, ("parent", "count_elements_read"), type(self).__name__)
+    state_lib.check_keys(state, ("parent", "count_elements_read"), type(self).__name__)
     read = checks.check_int(state["count_elements_read"], "count_elements_read", minimum=0)
     self._parent.set_state(state["parent"])
     self._read = read

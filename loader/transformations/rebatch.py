@@ -16,6 +16,7 @@ import numpy as np
 
 from loader import checks
 from loader import iter_dataset as iter_lib
+from loader import state as state_lib
 
 
 def _sorted_keys(mapping: Mapping) -> list[Any]:
@@ -84,10 +85,15 @@ class _RebatchIterator(iter_lib.DatasetIterator):
     self._batch_size = batch_size
     self._drop_remainder = drop_remainder
     self._structure: Any = None  # Of the first input, as Grain caches its treedef.
-    self._parent_state = parent.get_state()  # Before the input batch being cut.
+    # Read outside get_state, the parent's state comes stamped with its pipeline
+    # description (loader.state); nested in ours, only the position is kept.
+    self._parent_state = state_lib.strip(parent.get_state())  # Before the input batch being cut.
     self._leaves: list[Any] | None = None  # None: (re)read that input batch.
     self._rows = 0
     self._pos = 0  # Rows of it already used.
+    # A batch interrupted by an error: (state at its start, rows gathered so
+    # far). A retry completes it; until then the state points at its start.
+    self._partial: tuple[dict[str, Any], list[list[Any]]] | None = None
 
   def _read(self) -> bool:
     """Loads the input batch at `_parent_state`; False at the end of the stream."""
@@ -105,26 +111,22 @@ class _RebatchIterator(iter_lib.DatasetIterator):
     return True
 
   def __next__(self) -> Any:
-    start = (self._parent_state, self._pos)
-    pieces: list[list[Any]] = []
-    need = self._batch_size
-    try:
-      while need:
-        if self._leaves is not None and self._pos >= self._rows:  # Used up: next input.
-          self._parent_state = self._parent.get_state()
-          self._leaves, self._pos = None, 0
-        if self._leaves is None and not self._read():
-          break
-        take = min(need, self._rows - self._pos)
-        if take > 0:
-          pieces.append([leaf[self._pos:self._pos + take] for leaf in self._leaves])
-        self._pos += take
-        need -= take
-    except Exception:
-      # Rewind to this batch's start, so the state and a retry agree.
-      self._parent.set_state(start[0])
-      self._parent_state, self._pos, self._leaves = start[0], start[1], None
-      raise
+    if self._partial is None:
+      self._partial = (self._position(), [])
+    pieces = self._partial[1]
+    need = self._batch_size - sum(len(p[0]) for p in pieces)
+    while need:
+      if self._leaves is not None and self._pos >= self._rows:  # Used up: next input.
+        self._parent_state = state_lib.strip(self._parent.get_state())
+        self._leaves, self._pos = None, 0
+      if self._leaves is None and not self._read():
+        break
+      take = min(need, self._rows - self._pos)
+      if take > 0:
+        pieces.append([leaf[self._pos:self._pos + take] for leaf in self._leaves])
+      self._pos += take
+      need -= take
+    self._partial = None
     if not pieces or (need and self._drop_remainder):
       raise StopIteration
     if len(pieces) == 1:
@@ -133,12 +135,15 @@ class _RebatchIterator(iter_lib.DatasetIterator):
       leaves = [np.concatenate(parts, axis=0) for parts in zip(*pieces)]
     return _unflatten(self._structure, iter(leaves))
 
-  def get_state(self) -> dict[str, Any]:
+  def _position(self) -> dict[str, Any]:
     return {"parent": self._parent_state, "batch_idx": self._pos}
 
+  def get_state(self) -> dict[str, Any]:
+    return self._partial[0] if self._partial is not None else self._position()
+
   def set_state(self, state: dict[str, Any]) -> None:
-    iter_lib.check_state(state, ("parent", "batch_idx"), type(self).__name__)
+    state_lib.check_keys(state, ("parent", "batch_idx"), type(self).__name__)
     pos = checks.check_int(state["batch_idx"], "batch_idx", minimum=0)
     self._parent.set_state(state["parent"])
     self._parent_state = self._parent.get_state()
-    self._leaves, self._pos = None, pos
+    self._leaves, self._pos, self._partial = None, pos, None

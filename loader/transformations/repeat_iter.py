@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from loader import checks
 from loader import iter_dataset as iter_lib
+from loader import state as state_lib
 
 T = TypeVar("T")
 
@@ -47,6 +48,8 @@ class _RepeatIterator(iter_lib.DatasetIterator[T]):
   def __init__(self, parent: iter_lib.DatasetIterator[T], num_epochs: int | None):
     super().__init__(parent)
     self._num_epochs = num_epochs
+    # Kept as returned (stamped with the parent's pipeline description, see
+    # loader.state): the rewinds happen in __next__, outside set_state.
     self._start = parent.get_state()
     self._epoch = 0
 
@@ -69,7 +72,7 @@ class _RepeatIterator(iter_lib.DatasetIterator[T]):
     return {"parent": self._parent.get_state(), "epoch": self._epoch}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    iter_lib.check_state(state, ("parent", "epoch"), type(self).__name__)
+    state_lib.check_keys(state, ("parent", "epoch"), type(self).__name__)
     epoch = checks.check_int(state["epoch"], "epoch", minimum=0,
                              maximum=self._num_epochs)
     self._parent.set_state(state["parent"])
