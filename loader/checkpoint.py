@@ -1,11 +1,31 @@
-"""Saving and restoring iterator positions as small JSON files."""
+"""Saving and restoring iterator positions as small JSON files, also through Orbax.
+
+`save_state`/`restore_state` write one atomic JSON file. For training loops
+that checkpoint with Orbax, `CheckpointHandler` and the `CheckpointSave` /
+`CheckpointRestore` args work as Grain's do::
+
+  mngr = orbax.checkpoint.CheckpointManager(directory)
+  mngr.save(step, args=loader.checkpoint.CheckpointSave(iterator))
+  mngr.restore(step, args=loader.checkpoint.CheckpointRestore(iterator))
+
+Each process writes `process_<i>-of-<n>.json` (i, n from JAX when installed),
+holding the iterator's state: a DataLoaderIterator's JSON bytes or a
+DatasetIterator's dict as JSON, so Grain's and loader's handlers read each
+other's files. Orbax is imported only when the args classes are first used.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
+import pathlib
 import tempfile
+from collections.abc import Callable
 from typing import Any
+
+from loader import sharding
 
 _FORMAT = "arrayrecord-toolkit/loader-state"
 _VERSION = 1
@@ -26,19 +46,27 @@ def _check_json_ints(value: Any, where: str) -> None:
     raise TypeError(f"Iterator state value at {where} is a {type(value).__name__}, not JSON-serialisable.")
 
 
-def save_state(path: str | os.PathLike, iterator: Any) -> dict[str, Any]:
+def save_state(path: str | os.PathLike, iterator: Any) -> Any:
   """Writes `iterator.get_state()` to `path` atomically; returns the state.
 
   The file is written to a temporary name in the same directory, flushed to
   disk and renamed over `path`, so a crash leaves either the old or the new
-  checkpoint, never a truncated one.
+  checkpoint, never a truncated one. Works for DatasetIterators (dict states)
+  and DataLoaderIterators (JSON bytes states).
   """
   state = iterator.get_state()
-  _check_json_ints(state, "state")
+  record = {"format": _FORMAT, "version": _VERSION}
+  if isinstance(state, (bytes, bytearray)):
+    # DataLoader states are JSON bytes (Grain's type); stored parsed so the
+    # file stays readable, and turned back into bytes on restore.
+    record.update(encoding="json-bytes", state=json.loads(state))
+  else:
+    _check_json_ints(state, "state")
+    record["state"] = state
   path = os.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  data = json.dumps({"format": _FORMAT, "version": _VERSION, "state": state}, indent=1, sort_keys=True)
+  data = json.dumps(record, indent=1, sort_keys=True)
   fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
   try:
     with os.fdopen(fd, "w") as f:
@@ -55,8 +83,8 @@ def save_state(path: str | os.PathLike, iterator: Any) -> dict[str, Any]:
   return state
 
 
-def load_state(path: str | os.PathLike) -> dict[str, Any]:
-  """Reads a state written by `save_state`."""
+def load_state(path: str | os.PathLike) -> Any:
+  """Reads a state written by `save_state` (bytes for a DataLoaderIterator's)."""
   path = os.fspath(path)
   with open(path) as f:
     try:
@@ -67,11 +95,134 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     raise ValueError(f"{path} is not a loader state file (expected format {_FORMAT!r}).")
   if data.get("version") != _VERSION:
     raise ValueError(f"{path} has state version {data.get('version')!r}; this loader reads version {_VERSION}.")
+  if data.get("encoding") == "json-bytes":
+    return json.dumps(data["state"], indent=1).encode()
   return data["state"]
 
 
-def restore_state(path: str | os.PathLike, iterator: Any) -> dict[str, Any]:
+def restore_state(path: str | os.PathLike, iterator: Any) -> Any:
   """Sets `iterator` to the state saved at `path`; returns the state."""
   state = load_state(path)
   iterator.set_state(state)
   return state
+
+
+# ---- Orbax -------------------------------------------------------------------
+
+
+def _process_file(directory: Any) -> Any:
+  index, count = sharding.get_process_index_and_count()
+  if isinstance(directory, (str, os.PathLike)) and not hasattr(directory, "write_text"):
+    directory = pathlib.Path(directory)
+  return directory / f"process_{index}-of-{count}.json"
+
+
+def _state_text(iterator: Any) -> str:
+  state = iterator.get_state()
+  if isinstance(state, (bytes, bytearray)):
+    return state.decode()
+  return json.dumps(state, indent=4)
+
+
+def _set_state_text(iterator: Any, text: str) -> None:
+  # The iterator's own state type says how to read the file: DataLoader
+  # iterators take JSON bytes, dataset iterators a dict.
+  if isinstance(iterator.get_state(), (bytes, bytearray)):
+    iterator.set_state(text.encode())
+  else:
+    iterator.set_state(json.loads(text))
+
+
+async def background_save(directory: Any, state: str) -> None:
+  """Writes `state` to this process's file once Orbax has created `directory`."""
+  directory = await directory.await_creation()
+  await asyncio.to_thread(_process_file(directory).write_text, state)
+
+
+async def background_load(directory: Any, set_state_fn: Callable[[str], None]) -> None:
+  """Reads this process's file under `directory` and passes its text to `set_state_fn`."""
+  path = _process_file(directory)
+  if not await asyncio.to_thread(path.exists):
+    raise ValueError(f"No iterator state for this process: {path} does not exist.")
+  set_state_fn(await asyncio.to_thread(path.read_text))
+
+
+class CheckpointHandler:
+  """Orbax `CheckpointHandler` for loader (and Grain) iterators.
+
+  Register-free use: pass `CheckpointSave(iterator)` / `CheckpointRestore(iterator)`
+  as args to a `CheckpointManager`; or name it in `item_handlers`.
+  """
+
+  def save(self, directory: Any, item: Any = None, args: Any = None) -> None:
+    """Writes `item`'s (or `args.item`'s) state to this process's file in `directory`."""
+    item = item if item is not None else args.item
+    _process_file(directory).write_text(_state_text(item))
+
+  def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:
+    """Sets `item` (or `args.item`) to the state saved in `directory`; returns it."""
+    item = item if item is not None else args.item
+    path = _process_file(directory)
+    if not path.exists():
+      raise ValueError(f"No iterator state for this process: {path} does not exist.")
+    _set_state_text(item, path.read_text())
+    start = getattr(item, "start_prefetch", None)
+    if start is not None:
+      start()
+    return item
+
+  def structure(self, directory: Any) -> Any:
+    del directory
+    return None
+
+  def metadata(self, directory: Any) -> Any:
+    del directory
+    return None
+
+  def finalize(self, directory: Any) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+  @classmethod
+  def typestr(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+_ORBAX_ARGS: dict[str, type] = {}
+
+
+def _orbax_args() -> dict[str, type]:
+  """CheckpointSave/CheckpointRestore, registered with Orbax on first use."""
+  if not _ORBAX_ARGS:
+    try:
+      # Lazy: Orbax imports JAX and TensorStore (seconds); only Orbax users pay.
+      import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise ImportError("loader.checkpoint.CheckpointSave/CheckpointRestore need Orbax: "
+                        "pip install 'arrayrecord-toolkit[orbax]' (orbax-checkpoint).") from e
+
+    @ocp.args.register_with_handler(CheckpointHandler, for_save=True)
+    @dataclasses.dataclass
+    class CheckpointSave(ocp.args.CheckpointArgs):
+      """Orbax args: save `item`'s state with `CheckpointHandler`."""
+      item: Any
+
+    @ocp.args.register_with_handler(CheckpointHandler, for_restore=True)
+    @dataclasses.dataclass
+    class CheckpointRestore(ocp.args.CheckpointArgs):
+      """Orbax args: restore `item` with `CheckpointHandler`."""
+      item: Any
+
+    for cls in (CheckpointSave, CheckpointRestore):
+      cls.__module__ = __name__
+      cls.__qualname__ = cls.__name__
+    _ORBAX_ARGS.update(CheckpointSave=CheckpointSave, CheckpointRestore=CheckpointRestore)
+  return _ORBAX_ARGS
+
+
+def __getattr__(name: str) -> Any:
+  if name in ("CheckpointSave", "CheckpointRestore"):
+    return _orbax_args()[name]
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

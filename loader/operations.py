@@ -1,0 +1,109 @@
+"""Grain's deprecated `Operation`s: functions from an iterator of records to another.
+
+`DataLoader` turns `MapOperation`, `RandomMapOperation`, `FilterOperation` and
+`BatchOperation` into the equivalent transformations, so they run in workers
+and checkpoint exactly. Any other `Operation` (a callable taking and returning
+an iterator of `Record`s) runs in the consuming process; as in Grain, its own
+buffering is not part of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
+
+from loader import batching
+from loader import checks
+from loader import record
+
+_IN = TypeVar("_IN")
+_OUT = TypeVar("_OUT")
+
+
+class Operation(Protocol):
+  """Transforms a stream of records."""
+
+  def __call__(self, input_iterator: Iterator[record.Record]) -> Iterator[record.Record]:
+    ...
+
+
+@dataclasses.dataclass
+class MapOperation(Generic[_IN, _OUT]):
+  """Applies `map_function` to each record's data (prefer `transforms.Map`)."""
+
+  map_function: Callable[[_IN], _OUT]
+
+  def apply(self, r: record.Record[_IN]) -> record.Record[_OUT]:
+    try:
+      out = self.map_function(r.data)
+    except Exception as e:
+      raise ValueError(f"MapOperation: map_function {checks.fn_name(self.map_function)} raised {e!r}.") from e
+    return record.Record(r.metadata.remove_record_key(), out)
+
+  def __call__(self, input_iterator: Iterator[record.Record[_IN]]) -> Iterator[record.Record[_OUT]]:
+    return map(self.apply, input_iterator)
+
+
+@dataclasses.dataclass
+class RandomMapOperation(Generic[_IN, _OUT]):
+  """Applies `random_map_function(data, rng)` (prefer `transforms.RandomMap`)."""
+
+  random_map_function: Callable[[_IN, np.random.Generator], _OUT]
+
+  def apply(self, r: record.Record[_IN]) -> record.Record[_OUT]:
+    try:
+      out = self.random_map_function(r.data, r.metadata.rng)
+    except Exception as e:
+      raise ValueError(f"RandomMapOperation: random_map_function "
+                       f"{checks.fn_name(self.random_map_function)} raised {e!r}.") from e
+    return record.Record(r.metadata.remove_record_key(), out)
+
+  def __call__(self, input_iterator: Iterator[record.Record[_IN]]) -> Iterator[record.Record[_OUT]]:
+    return map(self.apply, input_iterator)
+
+
+@dataclasses.dataclass
+class FilterOperation(Generic[_IN]):
+  """Keeps records whose data satisfies `condition_function` (prefer `transforms.Filter`)."""
+
+  condition_function: Callable[[_IN], bool]
+
+  def keep(self, r: record.Record[_IN]) -> bool:
+    try:
+      return bool(self.condition_function(r.data))
+    except Exception as e:
+      raise ValueError(f"FilterOperation: condition_function "
+                       f"{checks.fn_name(self.condition_function)} raised {e!r}.") from e
+
+  def __call__(self, input_iterator: Iterator[record.Record[_IN]]) -> Iterator[record.Record[_IN]]:
+    for r in input_iterator:
+      if self.keep(r):
+        yield record.Record(r.metadata.remove_record_key(), r.data)
+
+
+@dataclasses.dataclass
+class BatchOperation(Generic[_IN, _OUT]):
+  """Batches `batch_size` records (prefer `transforms.Batch`)."""
+
+  batch_size: int
+  drop_remainder: bool = False
+  batch_fn: Callable[[Sequence[_IN]], _OUT] | None = None
+
+  def __post_init__(self):
+    checks.check_int(self.batch_size, "batch_size", minimum=1)
+
+  def __call__(self, input_iterator: Iterator[record.Record[_IN]]) -> Iterator[record.Record[_OUT]]:
+    batch_fn = self.batch_fn or batching.make_batch
+    values: list[Any] = []
+    last = None
+    for r in input_iterator:
+      last = r.metadata
+      values.append(r.data)
+      if len(values) == self.batch_size:
+        yield record.Record(last.remove_record_key(), batch_fn(values))
+        values = []
+    if values and not self.drop_remainder:
+      yield record.Record(last.remove_record_key(), batch_fn(values))
