@@ -4,6 +4,8 @@ import pathlib
 import setuptools
 
 _HERE = pathlib.Path(__file__).parent
+_BEAM = "apache-beam>=2.77.0"
+_BEAM_GCP = "apache-beam[gcp]>=2.77.0"
 
 
 def _requirements() -> list[str]:
@@ -25,10 +27,14 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["converter", "converter.*", "loader", "loader.*", "pipelines", "pipelines.*", "dataflow", "dataflow.*"]),
     package_data={"dataflow": ["flex_template/*"]},
     include_package_data=True,
-    # Workers on Dataflow install exactly this: never TensorFlow.
+    # The lean install: what `import loader` needs. Workers on Dataflow install
+    # exactly this with the staged sdist (their container has Beam): never TensorFlow.
     install_requires=_requirements(),
     extras_require={
-        "gcp": ["apache-beam[gcp]>=2.77.0"],
+        # The converter and its CLIs (arrayrecord-convert, -verify, -tfds).
+        "beam": [_BEAM],
+        # arrayrecord-dataflow and gs:// paths: Beam with its Google Cloud clients.
+        "gcp": [_BEAM_GCP],
         "tfds": ["tensorflow>=2.16", "tensorflow-datasets>=4.9.6"],
         "jax": ["jax>=0.4.30"],
         "orbax": ["orbax-checkpoint>=0.11"],
@@ -41,7 +47,7 @@ setuptools.setup(
             "grain==0.2.18",
             "jax>=0.4.30",
             "orbax-checkpoint>=0.11",
-            "apache-beam[gcp]>=2.77.0",
+            _BEAM_GCP,
             "gcp-storage-emulator",
             "matplotlib",
             "build",
@@ -49,10 +55,11 @@ setuptools.setup(
     },
     entry_points={
         "console_scripts": [
-            "arrayrecord-convert=pipelines.convert:main",
-            "arrayrecord-verify=pipelines.verify:main",
-            "arrayrecord-tfds=pipelines.tfds_convert:main",
-            "arrayrecord-dataflow=dataflow.submit:main",
+            # Through a launcher that names the extra to install when Beam is missing.
+            "arrayrecord-convert=pipelines.entry_points:convert",
+            "arrayrecord-verify=pipelines.entry_points:verify",
+            "arrayrecord-tfds=pipelines.entry_points:tfds",
+            "arrayrecord-dataflow=pipelines.entry_points:dataflow",
         ],
     },
 )

@@ -6,7 +6,10 @@ from converter.naming import ShardName, common_dir, output_basename, output_path
 from converter.options import WRITER_OPTION_KEYS, ConvertOptions, validate_writer_options
 from converter.planning import ShardPlan, expand_patterns, match_pattern, plan_shards
 from converter.tfrecord import TFRecordReader, detect_compression, read_tfrecords
-from converter.transforms import ConvertToArrayRecord, MatchFiles
+
+# The PTransforms need Apache Beam (the [beam] extra); everything else here
+# imports without it, so they are loaded on first use.
+_BEAM_NAMES = ("ConvertToArrayRecord", "MatchFiles")
 
 __all__ = [
     "ConversionError", "CorruptRecordError", "NoInputFilesError", "OutputExistsError",
@@ -17,3 +20,16 @@ __all__ = [
     "TFRecordReader", "detect_compression", "read_tfrecords",
     "ConvertToArrayRecord", "MatchFiles",
 ]
+
+
+def __getattr__(name):
+  if name in _BEAM_NAMES:
+    try:
+      from converter import transforms  # pylint: disable=g-import-not-at-top
+    except ModuleNotFoundError as e:
+      if e.name != "apache_beam":
+        raise
+      raise ImportError(f"converter.{name} needs Apache Beam: pip install "
+                        "'arrayrecord-toolkit[beam]'") from e
+    return getattr(transforms, name)
+  raise AttributeError(f"module 'converter' has no attribute {name!r}")

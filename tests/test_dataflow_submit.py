@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
 import tarfile
@@ -13,6 +13,7 @@ import types
 import pytest
 
 import gcs_emulator as emu
+import repo_copy
 from dataflow import submit
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,26 +27,11 @@ ARGV = ["--input", "gs://my-bucket/tfr/train-*", "--input", "gs://my-bucket/tfr/
         "--machine_type", "n2-standard-4", "--sdk_container_image", IMAGE, "--skip-existing"]
 
 
-def _fresh_copy(dest: str) -> str:
-  """The checkout's files as a clone would have them (plus uncommitted work), nothing built."""
-  try:
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           cwd=REPO, check=True, capture_output=True).stdout.decode().split("\0")
-  except (OSError, subprocess.CalledProcessError):
-    files = [os.path.relpath(os.path.join(d, f), REPO) for d, _, fs in os.walk(REPO)
-             if not any(p in d for p in (".venv", ".git", "__pycache__")) for f in fs]
-  for rel in filter(None, files):
-    if os.path.isfile(os.path.join(REPO, rel)):
-      os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
-      shutil.copy2(os.path.join(REPO, rel), os.path.join(dest, rel))
-  return dest
-
-
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
   """`python -m dataflow.submit ... --dry-run` in a subprocess: no credentials, no network."""
   base = tmp_path_factory.mktemp("dry")
-  clone = _fresh_copy(str(base / "clone"))
+  clone = repo_copy.fresh_copy(str(base / "clone"))
   out = str(base / "request")
   guard_log = str(base / "blocked.log")
   env = {k: v for k, v in os.environ.items()
@@ -96,14 +82,87 @@ def test_dry_run_stages_the_toolkit_sdist_for_workers(dry_run):
     assert module in names, module
 
 
-def test_staged_sdist_can_be_installed_by_workers(dry_run):
-  """setup.py reads requirements.txt, so the sdist must carry it or pip fails on every worker."""
-  with tarfile.open(os.path.join(dry_run.out, "workflow.tar.gz")) as tar:
-    names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-  assert "requirements.txt" in names, (
-      "The toolkit sdist lacks requirements.txt, which setup.py reads: installing it on a "
-      "Dataflow worker fails with FileNotFoundError. Add a MANIFEST.in with "
-      "'include requirements.txt'.")
+def _sdist_requirements(sdist: str) -> tuple[set[str], str]:
+  """(install_requires of the sdist, its requires.txt) as pip on a worker would see them."""
+  with tarfile.open(sdist) as tar:
+    names = {n.split("/", 1)[1]: n for n in tar.getnames() if "/" in n}
+    assert "requirements.txt" in names, (
+        "The toolkit sdist lacks requirements.txt, which setup.py reads: installing it on a "
+        "Dataflow worker fails with FileNotFoundError. Add 'include requirements.txt' to "
+        "MANIFEST.in.")
+    requires = tar.extractfile(names["arrayrecord_toolkit.egg-info/requires.txt"]).read().decode()
+  unconditional = requires.split("\n[", 1)[0]  # Extras follow as [name] sections.
+  return {_dist_name(line) for line in unconditional.splitlines() if line.strip()}, requires
+
+
+def _dist_name(requirement: str) -> str:
+  return re.split(r"[<>=!~;\[ ]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+# Run in a subprocess: which third-party modules does the worker-side code import
+# beyond what Beam's own DirectRunner machinery imports?
+_WORKER_IMPORTS = r"""
+import json, sys
+import apache_beam as beam
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+def top_level():  # Installed or checkout modules (not Cython's in-memory helpers).
+  return {n.split(".")[0] for n, m in list(sys.modules.items()) if getattr(m, "__file__", None)}
+
+with beam.Pipeline(runner=FnApiRunner()) as p:  # Beam's own baseline, same step kinds.
+  _ = (p | beam.Create(["a", "b"]) | "L1" >> beam.combiners.ToList()
+       | beam.FlatMap(lambda x: x) | beam.Reshuffle() | beam.Map(str.upper)
+       | "L2" >> beam.combiners.ToList() | beam.Map(len))
+before = top_level()
+import pipelines.tfds_convert  # A worker imports it to unpickle the TFDS metadata step.
+from converter import ConvertOptions
+from pipelines import build, make_example_data
+make_example_data.make_example_data(sys.argv[1] + "/tfr", shards=2, records_per_shard=5)
+with beam.Pipeline(runner=FnApiRunner()) as p:  # The Dataflow job's steps, run here.
+  build.add_conversion(p, ConvertOptions(output_dir=sys.argv[1] + "/ar"),
+                       patterns=[sys.argv[1] + "/tfr/*"])
+print(json.dumps(sorted(top_level() - before - set(sys.stdlib_module_names))))
+"""
+
+
+def _requirement_closure(dists: set[str]) -> set[str]:
+  """The distributions and everything they require (without extras), as installed here."""
+  from importlib import metadata
+  seen, todo = set(), list(dists)
+  while todo:
+    name = todo.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    for req in metadata.requires(name) or []:
+      if "extra ==" not in req:
+        todo.append(_dist_name(req))
+  return seen
+
+
+def test_staged_sdist_installs_everything_the_workers_import(dry_run, tmp_path):
+  """Workers pip-install workflow.tar.gz without extras; their container brings Beam.
+
+  So the sdist's install_requires (with their own dependencies) must cover
+  every module the pipeline's DoFns import that Beam does not already.
+  """
+  from importlib import metadata
+  requires, text = _sdist_requirements(os.path.join(dry_run.out, "workflow.tar.gz"))
+  assert "apache-beam" not in requires, "Beam must stay an extra: " + text
+  proc = subprocess.run([sys.executable, "-c", _WORKER_IMPORTS, str(tmp_path)],
+                        cwd=dry_run.clone, capture_output=True, text=True, timeout=240,
+                        env=dict(os.environ, PYTHONPATH=dry_run.clone))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  imported = set(json.loads(proc.stdout.strip().splitlines()[-1]))
+  ours = {"converter", "loader", "pipelines", "dataflow"}
+  assert {"converter", "pipelines"} <= imported
+  by_module = metadata.packages_distributions()
+  covered = _requirement_closure(requires)
+  needed = {m: [_dist_name(d) for d in by_module.get(m, [m])] for m in imported - ours}
+  assert {"array_record", "crc32c", "xxhash"} <= set(needed)
+  missing = {m: d for m, d in needed.items() if not covered & set(d)}
+  assert not missing, (f"Workers would lack {missing}: add them to requirements.txt "
+                       f"(the sdist requires only {sorted(requires)}).")
 
 
 def test_dry_run_pipeline_has_the_conversion_steps(dry_run):

@@ -1,0 +1,68 @@
+"""The console scripts: check that Apache Beam is installed, then run the CLI.
+
+`pip install arrayrecord-toolkit` is the lean install for training code
+(`import loader`); the converter needs Beam, which comes with an extra. This
+module uses only the standard library, so a missing extra is reported in one
+line naming the command to run instead of a ModuleNotFoundError traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from typing import Sequence
+
+PACKAGE = "arrayrecord-toolkit"
+# Console script -> (module with main(), extra it needs, modules that extra provides).
+SCRIPTS = {
+    "arrayrecord-convert": ("pipelines.convert", "beam", ("apache_beam",)),
+    "arrayrecord-verify": ("pipelines.verify", "beam", ("apache_beam",)),
+    "arrayrecord-tfds": ("pipelines.tfds_convert", "beam", ("apache_beam",)),
+    # DataflowRunner needs Beam's Google Cloud clients as well.
+    "arrayrecord-dataflow": ("dataflow.submit", "gcp",
+                             ("apache_beam", "google.cloud.storage", "google.auth")),
+}
+
+
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # A parent package is missing.
+    return False
+
+
+def missing_extra(script: str) -> str | None:
+  """The one-line error for a script whose extra is not installed, else None."""
+  _, extra, modules = SCRIPTS[script]
+  absent = [m for m in modules if not _installed(m)]
+  if not absent:
+    return None
+  what = "Apache Beam" if "apache_beam" in absent else f"Beam's Google Cloud clients ({absent[0]})"
+  return (f"{script}: error: {what} is not installed; this command needs the [{extra}] extra: "
+          f"pip install '{PACKAGE}[{extra}]' (or, in a checkout, pip install -e '.[{extra}]').")
+
+
+def run(script: str, argv: Sequence[str] | None = None) -> int:
+  """Runs a console script's main(argv); exit code 2 when its extra is missing."""
+  error = missing_extra(script)
+  if error:
+    print(error, file=sys.stderr)
+    return 2
+  return importlib.import_module(SCRIPTS[script][0]).main(argv)
+
+
+def convert() -> int:
+  return run("arrayrecord-convert")
+
+
+def verify() -> int:
+  return run("arrayrecord-verify")
+
+
+def tfds() -> int:
+  return run("arrayrecord-tfds")
+
+
+def dataflow() -> int:
+  return run("arrayrecord-dataflow")
