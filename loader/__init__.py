@@ -89,7 +89,7 @@ __all__ = sorted([
 ])
 
 
-def lazy_attribute(module_name: str, table: dict[str, tuple[str, str | None]], name: str) -> Any:
+def _lazy_attribute(module_name: str, table: dict[str, tuple[str, str | None]], name: str) -> Any:
   """Resolves `name` of `module_name` from its lazy `table`; AttributeError if absent.
 
   Shared by `loader` and `loader.python`, whose `__getattr__` call it.
@@ -102,7 +102,7 @@ def lazy_attribute(module_name: str, table: dict[str, tuple[str, str | None]], n
 
 
 def __getattr__(name: str) -> Any:
-  value = lazy_attribute(__name__, _LAZY, name)
+  value = _lazy_attribute(__name__, _LAZY, name)
   globals()[name] = value  # Later lookups skip __getattr__.
   return value
 

@@ -23,7 +23,7 @@ from loader import MultiprocessingOptions
 from loader import RandomAccessDataSource
 from loader import ReadOptions
 from loader import config
-from loader import lazy_attribute
+from loader import _lazy_attribute
 from loader.constants import DATASET_INDEX
 from loader.constants import EPOCH
 from loader.constants import INDEX
@@ -89,7 +89,7 @@ __all__ = sorted([
 
 
 def __getattr__(name: str) -> Any:
-  value = lazy_attribute(__name__, _LAZY, name)
+  value = _lazy_attribute(__name__, _LAZY, name)
   globals()[name] = value
   return value
 
