@@ -1,0 +1,60 @@
+"""`batch_and_pad`: a `batch_fn` that pads a short last batch (Grain's)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from loader import batching
+from loader import checks
+
+T = TypeVar("T")
+
+
+def _pad_leaves(batch: Any, padding_size: int, pad_value: Any) -> Any:
+  """Appends `padding_size` rows of `pad_value` to every leaf.
+
+  Plain dicts come out with sorted keys, as Grain's pytree map returns them.
+  """
+  if isinstance(batch, Mapping):
+    if type(batch) is dict:  # pylint: disable=unidiomatic-typecheck
+      return {k: _pad_leaves(batch[k], padding_size, pad_value) for k in sorted(batch)}
+    return type(batch)({k: _pad_leaves(v, padding_size, pad_value) for k, v in batch.items()})
+  if isinstance(batch, (tuple, list)):
+    fields = [_pad_leaves(v, padding_size, pad_value) for v in batch]
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+      return type(batch)(*fields)
+    return type(batch)(fields)
+  if not padding_size:
+    return batch
+  padding = np.full((padding_size, *batch.shape[1:]), pad_value, dtype=batch.dtype)
+  return np.concatenate([batch, padding], axis=0)
+
+
+def batch_and_pad(values: Sequence[T], *, batch_size: int, pad_value: Any = 0) -> T:
+  """Batches `values` and pads the batch with `pad_value` up to `batch_size` rows.
+
+  Pass it to `batch` to keep the last, short batch at full size instead of
+  dropping it::
+
+    batch_fn = functools.partial(loader.experimental.batch_and_pad, batch_size=3)
+    ds.batch(3, batch_fn=batch_fn)   # [1, 2, 3], [4, 0, 0]
+
+  Args:
+    values: Elements of one structure (dicts, tuples, lists of arrays/scalars).
+    batch_size: Rows of the result; at least `len(values)`.
+    pad_value: Fills every leaf of the padding rows (cast to the leaf's dtype).
+
+  Returns:
+    The batched elements, every leaf with a leading axis of `batch_size`
+    (dict keys sorted, as in Grain).
+  """
+  batch_size = checks.check_int(batch_size, "batch_size", minimum=1)
+  if not values:
+    raise ValueError("Cannot batch 0 values.")
+  if len(values) > batch_size:
+    raise ValueError(f"Cannot batch {len(values)} values to batch_size={batch_size}; "
+                     "pass the same batch_size to batch() and to batch_and_pad.")
+  return _pad_leaves(batching.make_batch(values), batch_size - len(values), pad_value)
