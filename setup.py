@@ -38,6 +38,8 @@ setuptools.setup(
         "tfds": ["tensorflow>=2.16", "tensorflow-datasets>=4.9.6"],
         "jax": ["jax>=0.4.30"],
         "orbax": ["orbax-checkpoint>=0.11"],
+        # loader.experimental.ParquetIterDataset.
+        "parquet": ["pyarrow>=14"],
         "dev": [
             "pytest>=8",
             "pytest-timeout",
@@ -47,6 +49,7 @@ setuptools.setup(
             "grain==0.2.18",
             "jax>=0.4.30",
             "orbax-checkpoint>=0.11",
+            "pyarrow>=14",
             _BEAM_GCP,
             "gcp-storage-emulator",
             "matplotlib",

@@ -127,6 +127,8 @@ class ElasticIterator(iter_lib.IterDataset):
 class _ElasticDatasetIterator(iter_lib.DatasetIterator):
   """State: `{"global_next_index": g}`, as in Grain."""
 
+  _grain_state_keys = (_STATE_KEY,)  # Grain's layout: its states restore here.
+
   def __init__(self, elastic: ElasticIterator):
     super().__init__()
     self._elastic = elastic
@@ -167,19 +169,6 @@ class _ElasticDatasetIterator(iter_lib.DatasetIterator):
     state_lib.check_keys(state, (_STATE_KEY,), type(self).__name__)
     self._global_next_index = checks.check_int(state[_STATE_KEY], _STATE_KEY, minimum=0)
     self._positioned = False  # Moved lazily, at the next element.
-
-  def _check_foreign_state(self, state: Any) -> None:
-    # Grain's state is the same global position; it resumes exactly where
-    # the elements are Grain's (no shuffle or other seeded operation).
-    if not isinstance(state, dict) or set(state) != {_STATE_KEY}:
-      raise state_lib.StateMismatchError(
-          f"{type(self).__name__}.set_state: expected Grain's or loader's ElasticIterator state "
-          f"{{{_STATE_KEY!r}: int}} (got {state!r:.200}).")
-    if not state_lib.same_as_grain(self._elastic._ds):  # pylint: disable=protected-access
-      raise state_lib.StateMismatchError(
-          f"{type(self).__name__}.set_state: {state!r} has no pipeline description (written by Grain?), and "
-          f"{self._elastic._ds!r} has seeded operations whose order differs from Grain's by design; "  # pylint: disable=protected-access
-          "restore a state saved by loader, or start over.")
 
   def close(self) -> None:
     if self._inner is not None:

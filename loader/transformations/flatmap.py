@@ -124,6 +124,8 @@ class FlatMapIterDataset(iter_lib.SequentialIterDataset[T]):
 class _FlatMapIterator(iter_lib.DatasetIterator[T]):
   """Hands out the splits of one parent element at a time."""
 
+  _grain_state_keys = ("parent", "next_index_in_buffer")  # Grain's layout: its states restore here.
+
   def __init__(self, parent: iter_lib.DatasetIterator, flat_map: Callable[[Any], Any]):
     super().__init__(parent)
     self._flat_map = flat_map

@@ -35,6 +35,8 @@ class LimitIterDataset(iter_lib.SequentialIterDataset[T]):
 class _LimitIterator(iter_lib.DatasetIterator[T]):
   """State: `{"parent": ..., "count_elements_read": n}`, as in Grain."""
 
+  _grain_state_keys = ("parent", "count_elements_read")  # Grain's layout: its states restore here.
+
   def __init__(self, parent: iter_lib.DatasetIterator[T], count: int):
     super().__init__(parent)
     self._count = count

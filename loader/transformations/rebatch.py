@@ -80,6 +80,8 @@ class RebatchIterDataset(iter_lib.SequentialIterDataset):
 
 class _RebatchIterator(iter_lib.DatasetIterator):
 
+  _grain_state_keys = ("parent", "batch_idx")  # Grain's layout: its states restore here.
+
   def __init__(self, parent: iter_lib.DatasetIterator, batch_size: int, drop_remainder: bool):
     super().__init__(parent)
     self._batch_size = batch_size

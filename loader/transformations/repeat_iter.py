@@ -45,6 +45,8 @@ class RepeatIterDataset(iter_lib.SequentialIterDataset[T]):
 class _RepeatIterator(iter_lib.DatasetIterator[T]):
   """State: `{"parent": ..., "epoch": e}`, as in Grain."""
 
+  _grain_state_keys = ("parent", "epoch")  # Grain's layout: its states restore here.
+
   def __init__(self, parent: iter_lib.DatasetIterator[T], num_epochs: int | None):
     super().__init__(parent)
     self._num_epochs = num_epochs
