@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from loader import permutation
+
 MAX_SEED = 2**32 - 1
 
 
@@ -63,3 +65,18 @@ def fn_name(fn: Callable[..., Any]) -> str:
   if owner is not None and not isinstance(owner, type):
     return f"{type(owner).__qualname__}.{getattr(fn, '__name__', '?')}"
   return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+def derive_seed(base: int, depth: int) -> int:
+  """The seed of the random op `depth` steps below a `seed(base)` call.
+
+  Distinct per position in the pipeline, so two shuffles do not coincide.
+  """
+  return permutation.splitmix64((base << 16) ^ depth) & MAX_SEED
+
+
+def element_rng(seed: int, index: int) -> np.random.Generator:
+  """The random generator of the element at `index` (epochs included)."""
+  # The index sits in the counter's top 64 bits: Philox increments the low
+  # word, so each element gets its own 2**192-block stream, no overlaps.
+  return np.random.Generator(np.random.Philox(key=seed, counter=int(index) << 192))

@@ -91,6 +91,30 @@ class MapDataset(abc.ABC, Generic[T]):
     """A dataset of integers, like Python's `range`."""
     return SourceMapDataset(range(start, stop, step) if stop is not None else range(start))
 
+  @staticmethod
+  def mix(datasets: Any, weights: Any = None) -> MapDataset:
+    """Interleaves datasets by weight, exactly as Grain (see loader.transformations.mix)."""
+    # Lazy: transformations import map_dataset.
+    from loader.transformations import mix  # pylint: disable=g-import-not-at-top
+
+    return mix.mix_map_datasets(datasets, weights)
+
+  @staticmethod
+  def concatenate(datasets: Sequence[MapDataset]) -> MapDataset:
+    """The datasets one after another, epoch by epoch (see loader.transformations.concatenate)."""
+    # Lazy: transformations import map_dataset.
+    from loader.transformations import concatenate  # pylint: disable=g-import-not-at-top
+
+    return concatenate.concatenate(datasets)
+
+  @staticmethod
+  def select_from_datasets(datasets: Sequence[MapDataset], selection_map: Any) -> MapDataset:
+    """Element i is datasets[d][k] for (d, k) = selection_map[i] (see loader.transformations.select)."""
+    # Lazy: transformations import map_dataset.
+    from loader.transformations import select  # pylint: disable=g-import-not-at-top
+
+    return select.select_from_datasets(datasets, selection_map)
+
   # ---- Structure ----------------------------------------------------------
 
   @property
@@ -138,24 +162,38 @@ class MapDataset(abc.ABC, Generic[T]):
     return [self[int(i)] for i in indices]
 
   def __getitem__(self, index):
-    """`ds[i]` -> element (None if filtered out); `ds[a:b:c]` -> sliced dataset."""
+    """`ds[i]` -> element (None if filtered out); `ds[a:b:c]` -> sliced dataset.
+
+    As in Grain, an index past the end reads the next epoch (`ds[len(ds)]` is
+    the first element of epoch 1, reshuffled by an upstream `shuffle`), and a
+    negative index counts from the end of the first epoch.
+    """
     if isinstance(index, slice):
       return self.slice(index)
     i = operator.index(index)
     n = len(self)
-    if n >= sys.maxsize:
-      if i < 0:
+    if i < 0:
+      if _infinite(n):
         raise IndexError(f"Index {i} out of range: negative indices are not supported on an infinite dataset.")
-    elif not -n <= i < n:
-      raise IndexError(f"Index {i} out of range for a dataset of length {n}: {self!r}")
-    elif i < 0:
-      i += n
+      _require_nonempty(self, n)
+      i %= n
     return self._getitems(np.array([i], dtype=np.int64))[0]
 
   def __iter__(self):
     return iter(self.to_iter_dataset())
 
   # ---- Transformations ----------------------------------------------------
+
+  def pipe(self, func: Callable[..., S], /, *args, **kwargs) -> S:
+    """`func(self, *args, **kwargs)`, for chaining functions like methods."""
+    return func(self, *args, **kwargs)
+
+  def apply(self, transformations: Any) -> MapDataset:
+    """Applies Grain transform objects (`grain.transforms.Map`, `Batch`, ...) in order."""
+    # Lazy: loader.apply reaches the flat-map ops, which import this module.
+    from loader import apply as apply_lib  # pylint: disable=g-import-not-at-top
+
+    return apply_lib.apply_transformations(self, transformations)
 
   def seed(self, seed: int) -> MapDataset[T]:
     """Sets the default seed of downstream `shuffle`/`random_map` without one.
@@ -199,10 +237,8 @@ class MapDataset(abc.ABC, Generic[T]):
     multi-host training needs equal step counts) and the last n%count are dropped.
     Shard before `shuffle` so each host reads its own part of the files.
     """
-    if isinstance(shard_count, bool) or not isinstance(shard_count, (int, np.integer)) or shard_count < 1:
-      raise ValueError(f"shard_count must be a positive integer (got {shard_count=!r}).")
-    if isinstance(shard_index, bool) or not isinstance(shard_index, (int, np.integer)) or not 0 <= shard_index < shard_count:
-      raise ValueError(f"shard_index must be an integer in [0, {shard_count}) (got {shard_index=!r}).")
+    shard_count = checks.check_int(shard_count, "shard_count", minimum=1)
+    shard_index = checks.check_int(shard_index, "shard_index", minimum=0, maximum=shard_count - 1)
     n = len(self)
     if n >= sys.maxsize:
       raise ValueError("Cannot shard an infinite dataset; shard before repeat().")
@@ -265,6 +301,7 @@ class MapDataset(abc.ABC, Generic[T]):
       read_options: Threads and chunking for computing elements in this process.
       allow_nones: Yield filtered-out elements as None instead of skipping them.
     """
+    # Lazy: iter_dataset imports this module (MapDataset is its base layer).
     from loader import iter_dataset  # pylint: disable=g-import-not-at-top
 
     return iter_dataset.MapBackedIterDataset(self, read_options=read_options, allow_nones=allow_nones)
@@ -282,6 +319,8 @@ def _require_nonempty(ds: MapDataset, n: int) -> None:
 class SourceMapDataset(MapDataset[T]):
   """Wraps a random-access source; reads are batched per call."""
 
+  _same_as_grain = True
+
   def __init__(self, source: Any):
     super().__init__()
     if isinstance(source, source_lib.ArrayRecordSource):
@@ -297,12 +336,22 @@ class SourceMapDataset(MapDataset[T]):
   def __repr__(self) -> str:
     return f"MapDataset.source({self._source!r})"
 
+  def _state_op(self) -> str:
+    # A list's or a user object's repr may be huge or hold addresses; type and
+    # length identify the source well enough to catch a wrong one.
+    text = repr(self._source)
+    if len(text) > 120 or text.startswith("<") or isinstance(self._source, (list, tuple)):
+      text = f"{type(self._source).__name__}(len={self._len})"
+    return f"source({text})"
+
   def _getitems(self, indices: np.ndarray) -> list[T]:
     _require_nonempty(self, self._len)
     return self._reader.read(indices % self._len)
 
 
 class _WithSeedMapDataset(MapDataset[T]):
+
+  _same_as_grain = True
 
   def __init__(self, parent: MapDataset[T], seed: int):
     super().__init__(parent)
@@ -333,7 +382,7 @@ def _seed_or_default(ds: MapDataset, seed: int | None, what: str) -> int:
   while not isinstance(node, _WithSeedMapDataset):
     depth += 1
     node = node._parent  # pylint: disable=protected-access
-  return permutation.splitmix64((base << 16) ^ depth) & _MAX_SEED
+  return checks.derive_seed(base, depth)
 
 
 class ShuffleMapDataset(MapDataset[T]):
@@ -386,6 +435,8 @@ class ShuffleMapDataset(MapDataset[T]):
 class RepeatMapDataset(MapDataset[T]):
   """Repeats the parent; with reseeding, upstream randomness changes per epoch."""
 
+  _same_as_grain = True
+
   def __init__(self, parent: MapDataset[T], num_epochs: int | None = None, *, reseed_each_epoch: bool = True):
     super().__init__(parent)
     if num_epochs is not None:
@@ -416,6 +467,8 @@ class RepeatMapDataset(MapDataset[T]):
 class SliceMapDataset(MapDataset[T]):
   """Positions `sl` of the parent, like list slicing."""
 
+  _same_as_grain = True
+
   def __init__(self, parent: MapDataset[T], sl: slice, *, op_repr: str | None = None):
     super().__init__(parent)
     if not isinstance(sl, slice):
@@ -440,6 +493,8 @@ class SliceMapDataset(MapDataset[T]):
 class MapMapDataset(MapDataset[S]):
   """Applies a function to each element."""
 
+  _same_as_grain = True
+
   def __init__(self, parent: MapDataset[T], fn: Callable[[T], S]):
     super().__init__(parent)
     self._fn = fn
@@ -450,6 +505,9 @@ class MapMapDataset(MapDataset[S]):
   def _op_repr(self) -> str:
     return f".map({_fn_name(self._fn)})"
 
+  def _state_op(self) -> str:
+    return "map"  # Not the function's name: a renamed function may resume.
+
   def _getitems(self, indices: np.ndarray) -> list[S | None]:
     fn = self._fn
     return [None if x is None else fn(x) for x in self._parent._getitems(indices)]
@@ -457,6 +515,8 @@ class MapMapDataset(MapDataset[S]):
 
 class MapWithIndexMapDataset(MapDataset[S]):
   """Applies a function to (index, element)."""
+
+  _same_as_grain = True
 
   def __init__(self, parent: MapDataset[T], fn: Callable[[int, T], S]):
     super().__init__(parent)
@@ -467,6 +527,9 @@ class MapWithIndexMapDataset(MapDataset[S]):
 
   def _op_repr(self) -> str:
     return f".map_with_index({_fn_name(self._fn)})"
+
+  def _state_op(self) -> str:
+    return "map_with_index"
 
   def _getitems(self, indices: np.ndarray) -> list[S | None]:
     fn = self._fn
@@ -488,6 +551,9 @@ class RandomMapMapDataset(MapDataset[S]):
   def _op_repr(self) -> str:
     return f".random_map({_fn_name(self._fn)}, seed={self._seed})"
 
+  def _state_op(self) -> str:
+    return f"random_map(seed={self._seed})"
+
   def _getitems(self, indices: np.ndarray) -> list[S | None]:
     fn, seed = self._fn, self._seed
     out = []
@@ -495,15 +561,14 @@ class RandomMapMapDataset(MapDataset[S]):
       if x is None:
         out.append(None)
         continue
-      # The index sits in the counter's top 64 bits: Philox increments the low
-      # word, so each element gets its own 2**192-block stream, no overlaps.
-      rng = np.random.Generator(np.random.Philox(key=seed, counter=i << 192))
-      out.append(fn(x, rng))
+      out.append(fn(x, checks.element_rng(seed, i)))
     return out
 
 
 class FilterMapDataset(MapDataset[T]):
   """Replaces elements failing the predicate with None."""
+
+  _same_as_grain = True
 
   def __init__(self, parent: MapDataset[T], predicate: Callable[[T], bool]):
     super().__init__(parent)
@@ -514,6 +579,9 @@ class FilterMapDataset(MapDataset[T]):
 
   def _op_repr(self) -> str:
     return f".filter({_fn_name(self._fn)})"
+
+  def _state_op(self) -> str:
+    return "filter"
 
   @property
   def _may_contain_none(self) -> bool:
@@ -526,6 +594,8 @@ class FilterMapDataset(MapDataset[T]):
 
 class BatchMapDataset(MapDataset[S]):
   """Consecutive elements stacked into batches; one parent call per chunk."""
+
+  _same_as_grain = True
 
   def __init__(self, parent: MapDataset[T], batch_size: int, *, drop_remainder: bool = False,
                batch_fn: Callable[[Sequence[T]], S] | None = None):

@@ -32,11 +32,14 @@ from collections.abc import Callable
 from typing import Any
 
 from loader import ipc
+from loader import engine
 from loader import iter_dataset as iter_lib
 from loader import map_dataset as map_lib
 from loader import options as options_lib
 
 _PARENT_POLL_S = 0.5
+# Grain's default for mp_prefetch() without options.
+_DEFAULT_NUM_WORKERS = 10
 _STOP_GRACE_S = 1.0
 
 
@@ -106,7 +109,7 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
       outstanding.difference_update(released)
     seq += 1
     name = f"{shm_prefix}{worker_index}_{seq}"
-    elements, error = iter_lib.compute_chunk(ds, start, stop)
+    elements, error = engine.compute_chunk(ds, start, stop)
     try:
       with lock:
         desc = ipc.encode(elements, name)
@@ -174,7 +177,7 @@ class MultiprocessChunkProducer:
     self._len = len(ds)
     self._num_workers = options.num_workers
     self._in_flight = options.per_worker_buffer_size + 1  # One computing, rest buffered.
-    self._sizer = iter_lib.ChunkSizer(ds, options.chunk_size)
+    self._sizer = engine.ChunkSizer(ds, options.chunk_size)
     self._worker_init_fn = worker_init_fn
     self._procs: list[Any] = []
     self._conns: list[Any] = []
@@ -262,7 +265,7 @@ class MultiprocessChunkProducer:
     if name is not None:
       self._released[w].append(name)
 
-  def next_chunk(self) -> iter_lib.Chunk | None:
+  def next_chunk(self) -> engine.Chunk | None:
     if self._error is not None:
       raise self._error
     c = self._next_consume
@@ -327,45 +330,32 @@ class MultiprocessChunkProducer:
 
 
 class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
-  """The parent pipeline with its random-access prefix computed in workers."""
+  """The parent pipeline with its random-access parts computed in workers."""
+
+  _same_as_grain = True
+  _state_transparent = True  # The stream does not depend on the workers.
 
   def __init__(self, parent: iter_lib.IterDataset, options: options_lib.MultiprocessingOptions | None,
                worker_init_fn: Callable[[int, int], None] | None):
     super().__init__(parent)
     if options is None:
-      options = options_lib.MultiprocessingOptions(num_workers=os.cpu_count() or 1)
+      options = options_lib.MultiprocessingOptions(num_workers=_DEFAULT_NUM_WORKERS)
     if not isinstance(options, options_lib.MultiprocessingOptions):
       raise TypeError(f"mp_prefetch expects loader.MultiprocessingOptions (got {options!r}).")
     self._options = options
     self._worker_init_fn = worker_init_fn
-    # Fail at construction, not at the first next(), on unsupported pipelines.
-    self._split()
 
   def _op_repr(self) -> str:
     return f".mp_prefetch(num_workers={self._options.num_workers})"
 
-  def _split(self) -> tuple[iter_lib.MapBackedIterDataset, list[iter_lib.SequentialIterDataset]]:
-    stages = []
-    node = self._parent
-    while not isinstance(node, iter_lib.MapBackedIterDataset):
-      if isinstance(node, MultiprocessPrefetchIterDataset):
-        raise ValueError("mp_prefetch cannot be applied twice in one pipeline.")
-      if not isinstance(node, iter_lib.SequentialIterDataset):
-        raise TypeError(
-            f"mp_prefetch needs a pipeline built from a MapDataset "
-            f"(MapDataset...to_iter_dataset() followed by map/filter/batch/prefetch); "
-            f"it cannot parallelise {type(node).__name__}.")
-      stages.append(node)
-      node = node._parent  # pylint: disable=protected-access
-    return node, stages[::-1]
-
   def __iter__(self) -> iter_lib.DatasetIterator:
-    base, stages = self._split()
     if self._options.num_workers == 0:
-      it = iter(base)
-    else:
-      producer = MultiprocessChunkProducer(base.map_dataset, self._options, self._worker_init_fn)
-      it = iter_lib.MapDatasetIterator(base.map_dataset, producer, allow_nones=base.allow_nones)
-    for stage in stages:
-      it = stage.make_iterator(it)
-    return it
+      return iter(self._parent)
+    options, init_fn = self._options, self._worker_init_fn
+
+    def factory(ds: map_lib.MapDataset, read_options) -> MultiprocessChunkProducer:
+      del read_options  # Workers compute whole chunks; threads would only contend.
+      return MultiprocessChunkProducer(ds, options, init_fn)
+
+    with engine.producer_factory(factory):
+      return iter(self._parent)

@@ -46,13 +46,15 @@ def test_repeat_lengths_and_infinite_indexing():
     _ints(5).repeat(0)
 
 
-def test_getitem_bounds_show_index_and_length():
+def test_getitem_past_the_end_reads_the_next_epoch_as_grain_does():
   ds = _ints(5).map(lambda x: x + 1)
-  assert ds[4] == 5 and ds[-1] == 5
-  with pytest.raises(IndexError, match="Index 5 out of range for a dataset of length 5"):
-    ds[5]
-  with pytest.raises(IndexError, match="Index -6 out of range"):
-    ds[-6]
+  assert ds[4] == 5 and ds[-1] == 5 and ds[5] == 1 and ds[-6] == 5
+  shuffled = _ints(5).shuffle(seed=3)
+  epoch1 = [shuffled[i] for i in range(5, 10)]
+  assert sorted(epoch1) == list(range(5))
+  assert epoch1 != [shuffled[i] for i in range(5)]  # Reshuffled.
+  with pytest.raises(IndexError, match="empty dataset"):
+    _ints(0)[0]
 
 
 @pytest.mark.parametrize("sl", [slice(None), slice(2, 9), slice(1, None, 3), slice(None, None, -1),
@@ -80,7 +82,7 @@ def test_shard_then_shuffle_keeps_the_partition():
 
 
 def test_shard_validation():
-  with pytest.raises(ValueError, match=r"shard_index must be an integer in \[0, 3\) \(got shard_index=3\)"):
+  with pytest.raises(ValueError, match=r"shard_index must be an integer in \[0, 2\] \(got shard_index=3\)"):
     _ints(10).shard(3, 3)
   with pytest.raises(ValueError, match="shard_count must be a positive integer"):
     _ints(10).shard(0, 0)

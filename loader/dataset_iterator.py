@@ -1,0 +1,180 @@
+"""`DatasetIterator`: the iterator base class, and where states get described.
+
+Subclasses implement `__next__`, `get_state` and `set_state` as in Grain. The
+base class wraps those two methods once per subclass so that the *outermost*
+call adds (get) or checks and removes (set) the pipeline description of
+`loader.state`; calls an iterator makes on its parents pass through
+untouched. Subclasses therefore never deal with descriptions, and a state
+nests its parents' states without repeating them.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+
+from loader import state as state_lib
+
+T = TypeVar("T")
+
+_local = threading.local()
+
+
+def _depth() -> int:
+  return getattr(_local, "depth", 0)
+
+
+def restoring_foreign_state() -> bool:
+  """True inside a `set_state` of a state that Grain (not loader) wrote."""
+  return getattr(_local, "foreign", False)
+
+
+def _wrap_get_state(fn):
+
+  @functools.wraps(fn)
+  def get_state(self):
+    if _depth():
+      return fn(self)
+    _local.depth = 1
+    try:
+      state = fn(self)
+    finally:
+      _local.depth = 0
+    description = self._state_description()  # pylint: disable=protected-access
+    return state if description is None else state_lib.stamp(state, description)
+
+  get_state._loader_wrapped = True  # pylint: disable=protected-access
+  return get_state
+
+
+def _wrap_set_state(fn):
+
+  @functools.wraps(fn)
+  def set_state(self, state):
+    if _depth():
+      return fn(self, state_lib.strip(state))
+    description = self._state_description()  # pylint: disable=protected-access
+    foreign = False
+    if description is not None:
+      if state_lib.is_stamped(state):
+        state_lib.check(state, description, type(self).__name__)
+        state = state_lib.strip(state)
+      else:
+        self._check_foreign_state(state)  # pylint: disable=protected-access
+        foreign = True
+    _local.depth, _local.foreign = 1, foreign
+    try:
+      return fn(self, state)
+    finally:
+      _local.depth, _local.foreign = 0, False
+
+  set_state._loader_wrapped = True  # pylint: disable=protected-access
+  return set_state
+
+
+class DatasetIterator(abc.ABC, Iterator[T]):
+  """Iterator with checkpointable state, like Grain's `DatasetIterator`.
+
+  Use it as a context manager (or call `close()`) to release threads and
+  worker processes promptly; garbage collection releases them too.
+  """
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    for name, wrap in (("get_state", _wrap_get_state), ("set_state", _wrap_set_state)):
+      fn = cls.__dict__.get(name)
+      if fn is not None and not getattr(fn, "_loader_wrapped", False):
+        setattr(cls, name, wrap(fn))
+
+  def __init__(self, parents: DatasetIterator | Sequence[DatasetIterator] | None = None):
+    if parents is None:
+      parents = ()
+    elif isinstance(parents, DatasetIterator):
+      parents = (parents,)
+    self._parents = tuple(parents)
+    self._closed = False
+
+  @property
+  def _parent(self) -> DatasetIterator | None:
+    return self._parents[0] if self._parents else None
+
+  def __iter__(self) -> DatasetIterator[T]:
+    return self
+
+  @abc.abstractmethod
+  def __next__(self) -> T:
+    """Returns the next element or raises StopIteration."""
+
+  @abc.abstractmethod
+  def get_state(self) -> dict[str, Any]:
+    """A small JSON-serialisable dict describing the position (and the pipeline)."""
+
+  @abc.abstractmethod
+  def set_state(self, state: dict[str, Any]) -> None:
+    """Moves to `state` (from `get_state` of an iterator of the same pipeline)."""
+
+  def start_prefetch(self) -> None:
+    """Starts background work (threads, worker processes) before the first `next`.
+
+    A no-op for iterators with nothing to start; parents are started too.
+    """
+    for p in self._parents:
+      p.start_prefetch()
+
+  def close(self) -> None:
+    """Releases background threads/processes; idempotent."""
+    if self._closed:
+      return
+    self._closed = True
+    for p in self._parents:
+      p.close()
+
+  def __enter__(self) -> DatasetIterator[T]:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  # ---- State descriptions (see loader.state) ------------------------------
+
+  def _state_description(self) -> list[str] | None:
+    ds = getattr(self, "_loader_dataset", None)
+    if ds is None:
+      return None
+    cached = getattr(self, "_loader_description", None)
+    if cached is None or cached[0] is not ds:
+      cached = (ds, state_lib.describe(ds))
+      self._loader_description = cached
+    return cached[1]
+
+  def _check_foreign_state(self, state: Any) -> None:
+    """Accepts a Grain-written state only where resuming it is exact."""
+    ds = self._loader_dataset  # pylint: disable=no-member
+    description = self._state_description()
+    if not isinstance(state, dict):
+      raise state_lib.StateMismatchError(
+          f"{type(self).__name__}.set_state expects the dict returned by get_state() "
+          f"(got {type(state).__name__}: {state!r:.200}).")
+    # Iterators whose state layout is Grain's name its keys (default: MapDatasetIterator's).
+    if set(state) != set(getattr(self, "_grain_state_keys", ("next_index",))):
+      keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+      raise state_lib.StateMismatchError(
+          f"{type(self).__name__}.set_state: this state (keys {keys}) was not written by loader for this "
+          f"pipeline ({' -> '.join(description)}); a Grain mp_prefetch or DataLoader state depends on Grain's "
+          "worker count and cannot be resumed exactly here. Restore a state saved by loader, or start over.")
+    if not state_lib.same_as_grain(ds):
+      raise state_lib.StateMismatchError(
+          f"{type(self).__name__}.set_state: {state!r} has no pipeline description (written by Grain?), and "
+          f"this pipeline ({' -> '.join(description)}) has seeded or stateful operations whose order differs "
+          "from Grain's by design, so that position would resume at a different element. "
+          "Restore a state saved by loader, or start over.")
+
+
+def stamp_iterator(iterator: Any, dataset: Any) -> Any:
+  """Marks `iterator` as iterating `dataset` (for state descriptions)."""
+  if isinstance(iterator, DatasetIterator):
+    iterator._loader_dataset = dataset  # pylint: disable=protected-access
+  return iterator

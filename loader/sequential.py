@@ -1,0 +1,365 @@
+"""Stages that run on the reassembled stream, in the consuming process.
+
+These are the `IterDataset` operations that cannot be folded into the
+random-access part of a pipeline (they follow a `filter`, or a stage whose
+output positions are not a function of its input positions). They run after
+`mp_prefetch`'s workers, so they never depend on the worker count.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from loader import batching
+from loader import checks
+from loader import state as state_lib
+from loader.dataset_iterator import DatasetIterator
+from loader.iter_dataset import IterDataset
+from loader.iter_dataset import SequentialIterDataset
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+
+class _ParentPositionIterator(DatasetIterator[T]):
+  """An iterator that holds nothing between calls: its position is its parent's.
+
+  Its __next__ resets the parent to where it started when it fails, so the
+  parent's state always points at the next element this iterator will read.
+  """
+
+  def get_state(self) -> dict[str, Any]:
+    return self._parent.get_state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._parent.set_state(state)
+
+
+class MapIterDataset(SequentialIterDataset[S]):
+
+  _same_as_grain = True
+
+  def __init__(self, parent: IterDataset[T], fn: Callable[[T], S]):
+    super().__init__(parent)
+    self._fn = fn
+
+  def _op_repr(self) -> str:
+    return f".map({checks.fn_name(self._fn)})"
+
+  def _state_op(self) -> str:
+    return "map"  # Not the function's name: a renamed function may resume.
+
+  def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[S]:
+    return _MapIterator(parent, self._fn)
+
+
+class _MapIterator(_ParentPositionIterator[S]):
+
+  def __init__(self, parent: DatasetIterator, fn: Callable[[Any], S]):
+    super().__init__(parent)
+    self._fn = fn
+
+  def __next__(self) -> S:
+    state = self._parent.get_state()
+    x = next(self._parent)
+    try:
+      return self._fn(x)
+    except Exception:
+      self._parent.set_state(state)  # So the state (and a retry) is at x.
+      raise
+
+
+class FilterIterDataset(SequentialIterDataset[T]):
+
+  _same_as_grain = True
+
+  def __init__(self, parent: IterDataset[T], fn: Callable[[T], bool]):
+    super().__init__(parent)
+    self._fn = fn
+
+  def _op_repr(self) -> str:
+    return f".filter({checks.fn_name(self._fn)})"
+
+  def _state_op(self) -> str:
+    return "filter"
+
+  def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[T]:
+    return _FilterIterator(parent, self._fn)
+
+
+class _FilterIterator(_ParentPositionIterator[T]):
+
+  def __init__(self, parent: DatasetIterator, fn: Callable[[Any], bool]):
+    super().__init__(parent)
+    self._fn = fn
+
+  def __next__(self) -> T:
+    while True:
+      state = self._parent.get_state()
+      x = next(self._parent)
+      try:
+        keep = self._fn(x)
+      except Exception:
+        self._parent.set_state(state)  # So the state (and a retry) is at x.
+        raise
+      if keep:
+        return x
+
+
+class BatchIterDataset(SequentialIterDataset[S]):
+
+  _same_as_grain = True
+
+  def __init__(self, parent: IterDataset[T], batch_size: int, *, drop_remainder: bool = False,
+               batch_fn: Callable[[Sequence[T]], S] | None = None):
+    super().__init__(parent)
+    self._batch_size = batch_size
+    self._drop_remainder = bool(drop_remainder)
+    self._batch_fn = batch_fn or batching.make_batch
+
+  def _op_repr(self) -> str:
+    return f".batch({self._batch_size}, drop_remainder={self._drop_remainder})"
+
+  def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[S]:
+    return _BatchIterator(parent, self._batch_size, self._drop_remainder, self._batch_fn)
+
+
+class _BatchIterator(_ParentPositionIterator[S]):
+
+  def __init__(self, parent: DatasetIterator, batch_size: int, drop_remainder: bool,
+               batch_fn: Callable[[Sequence[Any]], S]):
+    super().__init__(parent)
+    self._batch_size = batch_size
+    self._drop_remainder = drop_remainder
+    self._batch_fn = batch_fn
+
+  def __next__(self) -> S:
+    values = []
+    parent = self._parent
+    state = parent.get_state()
+    try:
+      for _ in range(self._batch_size):
+        try:
+          values.append(next(parent))
+        except StopIteration:
+          break
+      if values and not (self._drop_remainder and len(values) < self._batch_size):
+        return self._batch_fn(values)
+    except Exception:
+      # An element (or batch_fn) failed: rewind to the batch start so the
+      # state is consistent and a retry rebuilds the whole batch.
+      parent.set_state(state)
+      raise
+    raise StopIteration
+
+
+class ThreadPrefetchIterDataset(SequentialIterDataset[T]):
+  """Computes elements ahead in a background thread (Grain's `ThreadPrefetchIterDataset`)."""
+
+  _same_as_grain = True
+  _state_transparent = True  # Prefetching does not change the stream.
+
+  def __init__(self, parent: IterDataset[T], buffer_size: int):
+    super().__init__(parent)
+    self._buffer_size = buffer_size
+
+  def _op_repr(self) -> str:
+    return f".prefetch({self._buffer_size})"
+
+  def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[T]:
+    if self._buffer_size == 0:
+      return parent
+    return _ThreadPrefetchIterator(parent, self._buffer_size)
+
+
+_END = object()
+
+
+class _Raised:
+
+  def __init__(self, error: BaseException):
+    self.error = error
+
+
+def _prefetch_loop(parent: DatasetIterator, out: queue.Queue, stop: threading.Event) -> None:
+  # A plain function holding no reference to the iterator, so an abandoned
+  # iterator can be garbage collected (its finalizer sets `stop`).
+  def put(item) -> bool:
+    while not stop.is_set():
+      try:
+        out.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        continue
+    return False
+
+  try:
+    while not stop.is_set():
+      try:
+        x = next(parent)
+      except StopIteration:
+        put(_END)
+        return
+      if not put((x, parent.get_state())):
+        return
+  except BaseException as e:  # pylint: disable=broad-except
+    put(_Raised(e))
+
+
+class _ThreadPrefetchIterator(DatasetIterator[T]):
+  """Pulls from the parent in a background thread; state = after last handed out."""
+
+  def __init__(self, parent: DatasetIterator, buffer_size: int):
+    super().__init__(parent)
+    self._buffer_size = buffer_size
+    self._state = parent.get_state()
+    self._thread: threading.Thread | None = None
+    self._queue: queue.Queue | None = None
+    self._stop: threading.Event | None = None
+    self._done = False
+
+  def _start(self) -> None:
+    self._queue = queue.Queue(maxsize=self._buffer_size)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(
+        target=_prefetch_loop, args=(self._parent, self._queue, self._stop),
+        name="loader-prefetch", daemon=True)
+    weakref.finalize(self, self._stop.set)
+    self._thread.start()
+
+  def _halt(self) -> None:
+    if self._thread is not None:
+      self._stop.set()
+      self._thread.join()
+      self._thread = None
+
+  def __next__(self) -> T:
+    if self._done:
+      raise StopIteration
+    if self._thread is None:
+      self._start()
+    item = self._queue.get()
+    if item is _END:
+      self._done = True
+      self._halt()
+      raise StopIteration
+    if isinstance(item, _Raised):
+      self._halt()
+      self._parent.set_state(self._state)  # The thread ran ahead; rewind.
+      raise item.error
+    x, self._state = item
+    return x
+
+  def get_state(self) -> dict[str, Any]:
+    return self._state
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._halt()
+    self._parent.set_state(state)
+    self._state = self._parent.get_state()
+    self._done = False
+
+  def close(self) -> None:
+    if not self._closed:
+      self._halt()
+    super().close()
+
+
+def default_seed(ds: Any) -> int | None:
+  """The seed set by the nearest upstream `seed()` call, derived per position like MapDataset's."""
+  depth, node = 0, ds
+  while node is not None:
+    if isinstance(node, WithSeedIterDataset):
+      return checks.derive_seed(node.seed, depth)
+    base_seed = getattr(node, "_default_seed", None)
+    if isinstance(base_seed, int):
+      return checks.derive_seed(base_seed, depth)
+    parents = getattr(node, "parents", ())
+    node = parents[0] if parents else None
+    depth += 1
+  return None
+
+
+class WithSeedIterDataset(SequentialIterDataset[T]):
+  """Holds the default seed of downstream random operations."""
+
+  _state_transparent = True
+
+  def __init__(self, parent: IterDataset[T], seed: int):
+    super().__init__(parent)
+    self.seed = seed
+
+  def _op_repr(self) -> str:
+    return f".seed({self.seed})"
+
+  def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[T]:
+    return parent
+
+
+class _CountingIterator(DatasetIterator[S]):
+  """Applies fn(position, element); state = parent's + elements produced."""
+
+  def __init__(self, parent: DatasetIterator, fn: Callable[[int, Any], S]):
+    super().__init__(parent)
+    self._fn = fn
+    self._index = 0
+
+  def __next__(self) -> S:
+    state = self._parent.get_state()
+    x = next(self._parent)
+    try:
+      y = self._fn(self._index, x)
+    except Exception:
+      self._parent.set_state(state)  # So the state (and a retry) is at x.
+      raise
+    self._index += 1
+    return y
+
+  def get_state(self) -> dict[str, Any]:
+    return {"parent": self._parent.get_state(), "index": self._index}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    state_lib.check_keys(state, ("parent", "index"), type(self).__name__)
+    self._parent.set_state(state["parent"])
+    self._index = checks.check_int(state["index"], "index", minimum=0)
+
+
+class MapWithIndexIterDataset(SequentialIterDataset[S]):
+
+  def __init__(self, parent: IterDataset[T], fn: Callable[[int, T], S]):
+    super().__init__(parent)
+    self._fn = fn
+
+  def _op_repr(self) -> str:
+    return f".map_with_index({checks.fn_name(self._fn)})"
+
+  def _state_op(self) -> str:
+    return "map_with_index"
+
+  def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[S]:
+    return _CountingIterator(parent, self._fn)
+
+
+class RandomMapIterDataset(SequentialIterDataset[S]):
+  """fn(element, rng) with rng = Philox(seed) at a counter given by the stream position."""
+
+  def __init__(self, parent: IterDataset[T], fn: Callable[[T, np.random.Generator], S], seed: int):
+    super().__init__(parent)
+    self._fn = fn
+    self._seed = seed
+
+  def _op_repr(self) -> str:
+    return f".random_map({checks.fn_name(self._fn)}, seed={self._seed})"
+
+  def _state_op(self) -> str:
+    return f"random_map(seed={self._seed})"
+
+  def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[S]:
+    fn, seed = self._fn, self._seed
+    return _CountingIterator(parent, lambda i, x: fn(x, checks.element_rng(seed, i)))

@@ -1,0 +1,133 @@
+"""Self-describing iterator states: what a checkpoint says about its pipeline.
+
+Every state returned by `get_state()` of an iterator made by `iter(dataset)`
+carries, besides the position, the format version and a description of the
+pipeline it belongs to: one short string per operation, e.g.
+`["source(ArrayRecordSource(8 files, 200000 records))", "shuffle(seed=42)",
+"map(parse)", "to_iter_dataset()", "batch(32, drop_remainder=True)"]`.
+`set_state` compares that description with its own pipeline and refuses a
+state from another pipeline, naming the first operation that differs.
+
+Operations that do not change the stream (`mp_prefetch`, `prefetch`) are left
+out, so a state restores into any worker count or prefetch setting.
+
+States without a description (written by Grain, or by hand) are *foreign*.
+They are accepted only where our stream provably equals Grain's for the same
+pipeline (no shuffle, random_map or other seeded or stateful operation), and
+translated to our position unit; anything else is refused rather than
+resumed at a different element.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+VERSION = 2
+# Keys added to the state of the outermost iterator.
+VERSION_KEY = "loader_state_version"
+PIPELINE_KEY = "pipeline"
+_STAMP_KEYS = (VERSION_KEY, PIPELINE_KEY)
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_MAX_OP_CHARS = 160
+
+
+class StateMismatchError(ValueError):
+  """A state that does not belong to this pipeline (or cannot be resumed exactly)."""
+
+
+def _clean(text: str) -> str:
+  # Object addresses differ between runs; they must not make a state foreign.
+  text = _ADDRESS.sub("", text)
+  return text if len(text) <= _MAX_OP_CHARS else text[:_MAX_OP_CHARS - 3] + "..."
+
+
+def describe(ds: Any) -> list[str]:
+  """The pipeline of `ds` as a list of operation strings, sources first.
+
+  Works on MapDataset and IterDataset trees (anything with `parents`). A node
+  with several parents is one entry listing its inputs' descriptions.
+  """
+  if getattr(ds, "_state_transparent", False):
+    return describe(ds._parents[0])  # pylint: disable=protected-access
+  parents = tuple(getattr(ds, "parents", ()) or ())
+  if getattr(ds, "_state_hides_inputs", False):
+    parents = ()  # Its own state checks each input (IterDataset.mix: the mixture may change on resume).
+  op = ds._state_op() if hasattr(ds, "_state_op") else _default_op(ds)  # pylint: disable=protected-access
+  op = _clean(op)
+  if not parents:
+    return [op]
+  if len(parents) == 1:
+    return describe(parents[0]) + [op]
+  inputs = " | ".join(" ".join(describe(p)) for p in parents)
+  return [f"{op}[{inputs}]"]
+
+
+def _default_op(ds: Any) -> str:
+  op_repr = getattr(ds, "_op_repr", None)
+  if callable(op_repr):
+    return op_repr().lstrip(".")
+  return type(ds).__name__
+
+
+def same_as_grain(ds: Any) -> bool:
+  """True if every operation of `ds` yields Grain's exact stream for the same input."""
+  if not getattr(ds, "_same_as_grain", False):
+    return False
+  return all(same_as_grain(p) for p in (getattr(ds, "parents", ()) or ()))
+
+
+def is_stamped(state: Any) -> bool:
+  return isinstance(state, dict) and any(k in state for k in _STAMP_KEYS)
+
+
+def stamp(state: Any, description: Sequence[str]) -> dict[str, Any]:
+  if not isinstance(state, dict):
+    state = {"state": state}
+  out = {k: v for k, v in state.items() if k not in _STAMP_KEYS}
+  out[VERSION_KEY] = VERSION
+  out[PIPELINE_KEY] = list(description)
+  return out
+
+
+def strip(state: Any) -> Any:
+  if not is_stamped(state):
+    return state
+  return {k: v for k, v in state.items() if k not in _STAMP_KEYS}
+
+
+def check(state: Any, description: Sequence[str], owner: str) -> None:
+  """Raises StateMismatchError unless a stamped `state` belongs to `description`."""
+  if not isinstance(state, dict):
+    raise StateMismatchError(
+        f"{owner}.set_state expects the dict returned by get_state() (got {type(state).__name__}: {state!r:.200}).")
+  version = state.get(VERSION_KEY)
+  if version != VERSION:
+    raise StateMismatchError(
+        f"{owner}.set_state: state format version {version!r} is not supported by this loader "
+        f"(it reads version {VERSION}); restart the iterator or use the loader version that wrote it.")
+  saved = state.get(PIPELINE_KEY)
+  if not isinstance(saved, list) or not all(isinstance(s, str) for s in saved):
+    raise StateMismatchError(f"{owner}.set_state: the state's {PIPELINE_KEY!r} entry is damaged: {saved!r:.200}")
+  mine = list(description)
+  if saved == mine:
+    return
+  for i, (a, b) in enumerate(zip(saved, mine)):
+    if a != b:
+      raise StateMismatchError(
+          f"{owner}.set_state: this state was saved from a different pipeline: operation {i} is "
+          f"{a!r} in the saved pipeline but {b!r} in this one (saved: {' -> '.join(saved)}).")
+  longer, which = (saved, "saved pipeline") if len(saved) > len(mine) else (mine, "this pipeline")
+  raise StateMismatchError(
+      f"{owner}.set_state: this state was saved from a different pipeline: the {which} has the extra "
+      f"operation(s) {longer[min(len(saved), len(mine)):]} (saved: {' -> '.join(saved)}).")
+
+
+def check_keys(state: Any, keys: Sequence[str], owner: str) -> None:
+  """Raises a clear error unless `state` is a dict with exactly `keys`."""
+  if not isinstance(state, dict) or set(state) != set(keys):
+    raise StateMismatchError(
+        f"{owner}.set_state: expected a state dict with keys {sorted(keys)}, got "
+        f"{state!r:.300}. Was it saved from a different pipeline?")
