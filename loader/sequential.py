@@ -165,9 +165,10 @@ class ThreadPrefetchIterDataset(SequentialIterDataset[T]):
   _same_as_grain = True
   _state_transparent = True  # Prefetching does not change the stream.
 
-  def __init__(self, parent: IterDataset[T], buffer_size: int):
+  def __init__(self, parent: IterDataset[T], prefetch_buffer_size: int):
+    # Named as in Grain, whose callers pass it by keyword.
     super().__init__(parent)
-    self._buffer_size = buffer_size
+    self._buffer_size = checks.check_int(prefetch_buffer_size, "prefetch_buffer_size", minimum=0)
 
   def _op_repr(self) -> str:
     return f".prefetch({self._buffer_size})"
