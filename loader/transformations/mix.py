@@ -1,0 +1,361 @@
+"""`MapDataset.mix` / `IterDataset.mix`: datasets interleaved by weight (Grain's).
+
+Selection order. Weights become integer proportions exactly as Grain does
+(scaled so the smallest is 100, then truncated), and element `k` of a mixture
+comes from the dataset Grain's formula picks: with proportions `p` summing to
+`S`, the first `k` elements hold `ceil(k * p_0 / S)` of dataset 0, and the
+rest recursively. That order is a deterministic arithmetic rule, not an
+implementation accident, so we reproduce it exactly (same elements in the same
+order as Grain 0.2.18). It is periodic in `k` with period `S` (the dataset
+chosen at `k + S` equals that at `k`, its key is `p_i` higher), so a table of
+`S` entries answers a whole vector of indices with three array operations.
+
+`MapDataset.mix` (random access, runs in `mp_prefetch` workers): length
+`min(len_i / (p_i / S))`, so within one pass no element repeats; each input
+is read in order (element `k` takes key `j` of input `i` only after keys
+`0..j-1`), so nothing is skipped or duplicated inside an epoch. Indices past
+the length continue the same interleaving, as in Grain: inputs move on to
+their next epochs, and `repeat()` of a mixture eventually reads all of the
+larger inputs.
+
+`IterDataset.mix` (a stream, runs in the consumer): takes the next element of
+the input the formula picks and stops for good as soon as that input is
+exhausted, as Grain does. Its state is Grain's
+`{"parents": [...] or {name: ...}, "index": k, "stop": bool}`. With inputs
+given as a dict, a state resumes under a changed mixture as MaxText expects
+(its `grain_train_mixture_config_path`): inputs are restored by name, new
+inputs start at their beginning, removed ones are dropped, new weights apply
+from the saved `index` on. Each input's state carries that input's own
+pipeline description, so a renamed-but-different input is refused.
+Difference from Grain: an error other than StopIteration does not stop the
+mixture (Grain stops it); the state stays at the failing element, so a
+retry reads it again, as everywhere in loader.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from loader import checks
+from loader import iter_dataset as iter_lib
+from loader import map_dataset as map_lib
+from loader import state as state_lib
+from loader.transformations import select as select_lib
+
+T = TypeVar("T")
+
+_MAX_TABLE = 1 << 20  # Period table entries; beyond, use the formula per index.
+
+
+# ---- Weights and the selection rule -------------------------------------------
+
+
+def _check_weight(w: Any, name: str) -> float:
+  if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
+    raise ValueError(f"Mixing weights must be positive finite numbers (got {name}={w!r}).")
+  return w
+
+
+def _flatten(datasets: Any, weights: Any, what: str) -> tuple[tuple[str, ...] | None, list[Any], list[Any] | None]:
+  """(names or None, datasets, weights or None), dicts in sorted key order as Grain flattens them."""
+  if isinstance(datasets, Mapping):
+    names = tuple(sorted(datasets))
+    flat = [datasets[k] for k in names]
+    if isinstance(weights, Mapping):
+      if set(weights) != set(names):
+        raise ValueError(f"{what}: weights must have the same keys as datasets "
+                         f"(datasets: {list(names)}, weights: {sorted(weights)}).")
+      weights = [weights[k] for k in names]
+  elif isinstance(datasets, Sequence) and not isinstance(datasets, (str, bytes)) and not hasattr(datasets, "_getitems"):
+    names, flat = None, list(datasets)
+    if isinstance(weights, Mapping):
+      raise TypeError(f"{what}: weights given as a dict need datasets given as a dict with the same keys "
+                      f"(got a {type(datasets).__name__} of datasets).")
+  else:
+    raise TypeError(f"{what} expects a list or a dict of datasets (got {type(datasets).__name__}).")
+  if not flat:
+    raise ValueError(f"{what} needs at least one dataset.")
+  if weights is not None:
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+      raise TypeError(f"{what}: weights must be a list (or a dict matching datasets), got {weights!r}.")
+    weights = list(weights)
+    if len(weights) != len(flat):
+      raise ValueError(f"{what}: got {len(weights)} weights for {len(flat)} datasets.")
+    for i, w in enumerate(weights):
+      _check_weight(w, f"weights[{names[i] if names else i}]")
+  return names, flat, weights
+
+
+def int_proportions(weights: Sequence[float] | None, count: int) -> tuple[int, ...]:
+  """Grain's integer proportions: weights scaled so the smallest is 100, truncated."""
+  if weights is None:
+    return (1,) * count
+  scale = 100 / min(weights)  # The same float operations as Grain, for the same result.
+  return tuple(int(w * scale) for w in weights)
+
+
+def _select_formula(k: int, proportions: Sequence[int]) -> tuple[int, int]:
+  # Dataset i is next at k if its count among the first k+1 elements exceeds
+  # its count among the first k; otherwise recurse on the other datasets.
+  remaining = sum(proportions)
+  curr_k, curr_k1 = k, k + 1
+  for i, p in enumerate(proportions):
+    next_k = curr_k * (remaining - p) // remaining
+    next_k1 = curr_k1 * (remaining - p) // remaining
+    if curr_k - next_k != curr_k1 - next_k1:
+      return i, curr_k1 - next_k1 - 1
+    remaining -= p
+    curr_k, curr_k1 = next_k, next_k1
+  raise AssertionError(f"No dataset selected for index {k} with proportions {proportions}.")
+
+
+def _select_formula_many(ks: np.ndarray, proportions: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+  """`_select_formula` for a vector of indices (int64, or Python ints in an object array)."""
+  dataset_indices = np.zeros(len(ks), np.int64)
+  keys = np.zeros(len(ks), ks.dtype)
+  pending = np.arange(len(ks))
+  remaining = sum(proportions)
+  curr_k, curr_k1 = ks, ks + 1
+  for i, p in enumerate(proportions):
+    next_k = curr_k * (remaining - p) // remaining
+    next_k1 = curr_k1 * (remaining - p) // remaining
+    hit = (curr_k - next_k) != (curr_k1 - next_k1)
+    dataset_indices[pending[hit]] = i
+    keys[pending[hit]] = (curr_k1 - next_k1 - 1)[hit]
+    miss = ~hit
+    pending, curr_k, curr_k1 = pending[miss], next_k[miss], next_k1[miss]
+    remaining -= p
+  return dataset_indices, keys.astype(np.int64)
+
+
+class _ProportionalSelector:
+  """Vectorised `_select_formula`, through a table of one period when it is small."""
+
+  def __init__(self, proportions: Sequence[int]):
+    self.proportions = tuple(int(p) for p in proportions)
+    self._period = sum(self.proportions)
+    self._table: tuple[np.ndarray, np.ndarray] | None = None
+    if self._period <= _MAX_TABLE:
+      self._table = _select_formula_many(np.arange(self._period, dtype=np.int64), self.proportions)
+      self._steps = np.array(self.proportions, np.int64)
+
+  def one(self, k: int) -> tuple[int, int]:
+    if self._table is None:
+      return _select_formula(k, self.proportions)
+    q, r = divmod(k, self._period)
+    d = int(self._table[0][r])
+    return d, q * self.proportions[d] + int(self._table[1][r])
+
+  def many(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    indices = np.asarray(indices, dtype=np.int64)
+    if self._table is None:
+      # Products k * S may overflow int64: compute with Python ints.
+      return _select_formula_many(indices.astype(object), self.proportions)
+    q, r = np.divmod(indices, self._period)
+    d = self._table[0][r]
+    return d, q * self._steps[d] + self._table[1][r]
+
+  def __getstate__(self):
+    return {"proportions": self.proportions}  # The table is rebuilt, not pickled.
+
+  def __setstate__(self, state):
+    self.__init__(state["proportions"])
+
+
+# ---- MapDataset.mix -------------------------------------------------------------
+
+
+class SelectionWithProportionsMap(select_lib.DatasetSelectionMap):
+  """Grain's selection map of a weighted mixture; its length keeps every element to at most one use."""
+
+  def __init__(self, parents: Sequence[map_lib.MapDataset], proportions: Sequence[float] | None = None):
+    if proportions is not None:
+      proportions = [_check_weight(w, f"proportions[{i}]") for i, w in enumerate(proportions)]
+      if len(proportions) != len(parents):
+        raise ValueError(f"Got {len(proportions)} proportions for {len(parents)} datasets.")
+    self._selector = _ProportionalSelector(int_proportions(proportions, len(parents)))
+    total = sum(self.proportions)
+    empty = [f"index {i} ({p!r})" for i, p in enumerate(parents) if len(p) == 0]
+    if empty:
+      raise ValueError(f"All datasets must have positive length for mixing, but dataset(s) at "
+                       f"{', '.join(empty)} have length 0.")
+    # Grain's float arithmetic, so lengths agree with Grain's to the element.
+    lengths = [len(p) / (w / total) for p, w in zip(parents, self.proportions)]
+    self._length = min(sys.maxsize, int(min(lengths)))
+
+  @property
+  def proportions(self) -> tuple[int, ...]:
+    return self._selector.proportions
+
+  def __len__(self) -> int:
+    return self._length
+
+  def __getitem__(self, index: int) -> tuple[int, int]:
+    return self._selector.one(int(index))
+
+  def select_many(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return self._selector.many(indices)
+
+  def __repr__(self) -> str:
+    return f"SelectionWithProportionsMap(proportions={self.proportions}, length={self._length})"
+
+
+class MixedMapDataset(select_lib.SelectMapDataset[T]):
+  """Grain's `MixedMapDataset`: a random-access mixture of MapDatasets.
+
+  Args:
+    parents: The datasets to mix.
+    proportions: Weights, uniform if None. Not with `selection_map`.
+    selection_map: A `DatasetSelectionMap` deciding the mixture instead.
+  """
+
+  def __init__(self, parents: Sequence[map_lib.MapDataset[T]], proportions: Sequence[float] | None = None,
+               selection_map: Any = None):
+    if proportions is not None and selection_map is not None:
+      raise ValueError("Cannot set both proportions and selection_map.")
+    parents = select_lib.check_datasets(parents, "MapDataset.mix")
+    if selection_map is None:
+      selection_map = SelectionWithProportionsMap(parents, proportions)
+    super().__init__(parents, selection_map)
+
+  def _op_repr(self) -> str:
+    if isinstance(self._selection_map, SelectionWithProportionsMap):
+      return f".mix(proportions={list(self._selection_map.proportions)})"
+    return super()._op_repr()
+
+
+def mix_map_datasets(datasets: Any, weights: Any = None) -> MixedMapDataset:
+  """`MapDataset.mix(datasets, weights)`: list or dict (sorted by key) of datasets."""
+  names, flat, flat_weights = _flatten(datasets, weights, "MapDataset.mix")
+  del names  # The order is the sorted key order; names play no further role.
+  return MixedMapDataset(flat, flat_weights)
+
+
+# ---- IterDataset.mix ------------------------------------------------------------
+
+
+class MixedIterDataset(iter_lib.IterDataset[T]):
+  """Grain's `MixedIterDataset`: streams mixed by weight, stopping at the first exhausted one.
+
+  Args:
+    parents: A list of datasets, or a dict name -> dataset (a state then
+      resumes under a changed mixture, see the module docstring).
+    proportions: Weights as a list, or a dict with the same keys; uniform if None.
+  """
+
+  _same_as_grain = True
+  # The mixture may change between checkpoint and resume: the pipeline
+  # description leaves the inputs out and each input's state is checked alone.
+  _state_hides_inputs = True
+
+  def __init__(self, parents: Any, proportions: Any = None):
+    names, flat, weights = _flatten(parents, proportions, "IterDataset.mix")
+    for i, p in enumerate(flat):
+      if not isinstance(p, (iter_lib.IterDataset, map_lib.MapDataset)):
+        raise TypeError(f"IterDataset.mix: dataset {names[i] if names else i} is a {type(p).__name__}, "
+                        "not an IterDataset or MapDataset.")
+    super().__init__(tuple(p.to_iter_dataset() if isinstance(p, map_lib.MapDataset) else p for p in flat))
+    self._names = names
+    self._proportions = int_proportions(weights, len(flat))
+
+  def _op_repr(self) -> str:
+    if self._names is None:
+      return f".mix(proportions={list(self._proportions)})"
+    return f".mix(proportions={dict(zip(self._names, self._proportions))})"
+
+  def _state_op(self) -> str:
+    # Stable under changed weights and inputs (dict form), which resume.
+    return "mix(by name)" if self._names is not None else "mix(by position)"
+
+  def __repr__(self) -> str:
+    inputs = ", ".join(repr(p) for p in self._parents)
+    return f"IterDataset[{inputs}]{self._op_repr()}"
+
+  def __iter__(self) -> iter_lib.DatasetIterator[T]:
+    return _MixedDatasetIterator([iter(p) for p in self._parents], self._names, self._proportions)
+
+
+def _state_description(it: Any) -> list[str] | None:
+  describe = getattr(it, "_state_description", None)
+  return describe() if callable(describe) else None
+
+
+class _MixedDatasetIterator(iter_lib.DatasetIterator[T]):
+  """Draws from the input the formula picks for `index`; stops at the first exhausted input."""
+
+  def __init__(self, parents: list[iter_lib.DatasetIterator], names: tuple[str, ...] | None,
+               proportions: Sequence[int]):
+    super().__init__(parents)
+    self._names = names
+    self._selector = _ProportionalSelector(proportions)
+    self._index = 0
+    self._stop = False
+    # Inputs missing from a restored state start over from here.
+    self._start_states = [p.get_state() for p in parents]
+
+  def __next__(self) -> T:
+    if self._stop:
+      raise StopIteration  # For good, even if other inputs have elements left (Grain).
+    i, _ = self._selector.one(self._index)
+    try:
+      x = next(self._parents[i])
+    except StopIteration:
+      self._stop = True
+      self._index += 1
+      raise
+    self._index += 1
+    return x
+
+  def _label(self, i: int) -> str:
+    return repr(self._names[i]) if self._names is not None else str(i)
+
+  def get_state(self) -> dict[str, Any]:
+    states = []
+    for p in self._parents:
+      s, description = p.get_state(), _state_description(p)
+      states.append(s if description is None else state_lib.stamp(s, description))
+    parents = list(states) if self._names is None else dict(zip(self._names, states))
+    return {"parents": parents, "index": self._index, "stop": self._stop}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    owner = type(self).__name__
+    state_lib.check_keys(state, ("parents", "index", "stop"), owner)
+    index = checks.check_int(state["index"], "index", minimum=0)
+    stop = state["stop"]
+    if not isinstance(stop, (bool, np.bool_, int)):
+      raise ValueError(f"{owner}.set_state: stop must be a bool (got stop={stop!r}).")
+    saved = state["parents"]
+    if self._names is None:
+      if not isinstance(saved, list) or len(saved) != len(self._parents):
+        got = f"{len(saved)} inputs" if isinstance(saved, list) else f"{type(saved).__name__} {saved!r:.100}"
+        raise state_lib.StateMismatchError(
+            f"{owner}.set_state: the state is for {got}, this mixture has {len(self._parents)}; "
+            "to add or remove inputs on resume, give IterDataset.mix a dict of named datasets.")
+      targets = list(zip(range(len(self._parents)), saved))
+    else:
+      if not isinstance(saved, dict):
+        raise state_lib.StateMismatchError(
+            f"{owner}.set_state: this mixture names its inputs {list(self._names)} but the state's inputs "
+            f"are a {type(saved).__name__}; it was saved from a mixture of a list of datasets.")
+      targets = [(i, saved.get(name)) for i, name in enumerate(self._names)]
+    for i, s in targets:
+      p = self._parents[i]
+      if s is None:  # An input added since the checkpoint: from its beginning.
+        p.set_state(self._start_states[i])
+        continue
+      description = _state_description(p)
+      if description is not None and state_lib.is_stamped(s):
+        state_lib.check(s, description, f"IterDataset.mix input {self._label(i)}")
+      p.set_state(s)
+    self._index, self._stop = index, bool(stop)
+
+
+def mix_iter_datasets(datasets: Any, weights: Any = None) -> MixedIterDataset:
+  """`IterDataset.mix(datasets, weights)`: list or dict (sorted by key) of datasets."""
+  return MixedIterDataset(datasets, weights)
