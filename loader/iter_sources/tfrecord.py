@@ -6,9 +6,9 @@ little-endian. Unlike Grain's reader it checks both checksums, so a damaged
 file fails at the bad record with its offset instead of yielding garbage.
 State is Grain's: `{"reader_offset": <byte offset of the next record>}`.
 
-The converter has a richer reader (`converter.tfrecord`, with compression and
-resync), but importing the `converter` package imports Apache Beam, which a
-training process must not pay for.
+The converter's reader (`converter.tfrecord`) streams whole files, with
+decompression and resync after damage, and has no byte position to resume
+from; this one seeks, so a restore costs no re-reading.
 """
 
 from __future__ import annotations
