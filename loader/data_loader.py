@@ -169,13 +169,15 @@ def _resolve(op: Any, position: int) -> _Op:
             fan_out, f"{what}.max_fan_out", minimum=1))
       return _Op(kind, fn)
   legacy = _grain_legacy_name(op)
-  if isinstance(op, (transforms.Batch, ops.BatchOperation)) or legacy in ("Batch", "BatchOperation"):
-    batch_fn = op.batch_fn
+  is_batch = (isinstance(op, (transforms.Batch, ops.BatchOperation)) or legacy in ("Batch", "BatchOperation")
+              or (hasattr(op, "batch_size") and not callable(op)))  # Duck-typed Batch.
+  if is_batch:
+    batch_fn = getattr(op, "batch_fn", None)
     if legacy == "BatchOperation" and getattr(batch_fn, "__name__", "") == "_default_batch_fn":
       batch_fn = None  # Grain's np.stack default: ours stacks the same numeric leaves.
     return _Op("batch", _BatchRecords(batch_fn),
                batch_size=checks.check_int(op.batch_size, f"{what}.batch_size", minimum=1),
-               drop_remainder=bool(op.drop_remainder))
+               drop_remainder=bool(getattr(op, "drop_remainder", False)))
   if isinstance(op, ops.MapOperation) or legacy == "MapOperation":
     return _Op("map", _LegacyMap(ops.MapOperation(op.map_function).apply))
   if isinstance(op, ops.RandomMapOperation) or legacy == "RandomMapOperation":
