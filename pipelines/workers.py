@@ -1,0 +1,201 @@
+"""`--workers N|auto`: how many local processes a DirectRunner conversion uses.
+
+Beam's DirectRunner converts in one process unless told
+`--direct_running_mode multi_processing --direct_num_workers N`. Worker
+processes pay off only on enough data: starting them costs about 4-5 s
+(measured by bench/convert.py), while one core converts about 33 MB/s with
+`group_size:1` (bound by ArrayRecordWriter's zstd per record). `auto` runs
+min(cores, shards) workers when the estimate says that saves at least 10%,
+else converts in-process. Explicit Beam flags always win.
+
+DirectRunner runs on Beam's FnApiRunner here. Beam 2.77's DirectRunner would
+first download and try the Prism runner (from GitHub), which runs Python in
+one process whatever --direct_num_workers says, and falls back to FnApiRunner
+only when that fails; running FnApiRunner directly makes the mode that the
+summary reports the one that ran, and a local conversion never reaches for
+the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+from typing import Sequence
+
+AUTO = "auto"
+# Measured on the 2-core benchmark machine (bench/convert.py): the wall time
+# that starting and stopping Beam's SDK worker processes adds, and what one
+# core converts with the default writer options.
+STARTUP_S = 4.5
+PER_CORE_MB_S = 33.0
+# Use workers only when they are estimated to save at least this fraction.
+MIN_SAVING = 0.10
+DIRECT_RUNNERS = ("directrunner", "direct", "switchingdirectrunner")
+BEAM_FLAGS = ("direct_running_mode", "direct_num_workers")
+
+
+def parse_workers(value: str) -> int | str:
+  """argparse type of --workers: a positive integer or 'auto'."""
+  if value.strip().lower() == AUTO:
+    return AUTO
+  try:
+    n = int(value)
+  except ValueError:
+    n = 0
+  if n < 1:
+    raise argparse.ArgumentTypeError(
+        f"must be a positive number of worker processes or {AUTO!r}, got {value!r}")
+  return n
+
+
+def add_flag(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument(
+      "--workers", type=parse_workers, default=AUTO, metavar="N|auto",
+      help="Local worker processes (DirectRunner). 'auto' (default): one per core, up to "
+      "one per shard, when the input is large enough for their ~4-5 s start-up to pay "
+      "off; else in-process. 1: in-process. Explicit --direct_running_mode / "
+      "--direct_num_workers win.")
+
+
+def usable_cores() -> int:
+  """Cores this process may run on (its CPU affinity, not the machine's count)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # Not on Linux.
+    return os.cpu_count() or 1
+
+
+def estimate_seconds(sizes: Sequence[int], workers: int) -> float:
+  """Estimated wall time to convert shards of these byte sizes with N processes.
+
+  Beam hands each worker an equal share of the shards by count, not by size,
+  so the busiest worker gets ceil(k / N) average shards, and never less than
+  the largest shard.
+  """
+  if not sizes:
+    return 0.0
+  rate = PER_CORE_MB_S * 1e6
+  if workers <= 1:
+    return sum(sizes) / rate
+  busiest = max(max(sizes), math.ceil(len(sizes) / workers) * sum(sizes) / len(sizes))
+  return STARTUP_S + busiest / rate
+
+
+def _flag_value(beam_args: Sequence[str], name: str) -> str | None:
+  value = None
+  for i, arg in enumerate(beam_args):
+    if arg in (f"--{name}", f"--{name.replace('_', '-')}") and i + 1 < len(beam_args):
+      value = beam_args[i + 1]
+    elif arg.startswith((f"--{name}=", f"--{name.replace('_', '-')}=")):
+      value = arg.split("=", 1)[1]
+  return value
+
+
+def runner_name(beam_args: Sequence[str]) -> str:
+  return _flag_value(beam_args, "runner") or "DirectRunner"
+
+
+def is_direct(runner: str) -> bool:
+  return runner.rsplit(".", 1)[-1].lower() in DIRECT_RUNNERS
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+  """The local execution mode of one run.
+
+  Attributes:
+    workers: Worker processes (1: in-process); None when another runner or
+      explicit Beam flags decide.
+    reason: Why, in words, for the summary.
+    beam_flags: Flags to add to the Beam arguments.
+    direct: Whether the run is on DirectRunner (run by FnApiRunner).
+  """
+
+  workers: int | None
+  reason: str
+  beam_flags: tuple[str, ...] = ()
+  direct: bool = True
+
+  @property
+  def mode(self) -> str:
+    if self.workers is None:
+      return "as the runner's flags say"
+    if self.workers == 1:
+      return "in-process (1 worker)"
+    return f"{self.workers} worker processes (Beam multi_processing)"
+
+  @property
+  def summary(self) -> str:
+    return f"Workers: {self.mode}: {self.reason}."
+
+  def runner(self, options):
+    """The runner to give beam.Pipeline: FnApiRunner for DirectRunner, else None."""
+    return local_runner(options) if self.direct else None
+
+
+def _mode_flags(workers: int) -> tuple[str, ...]:
+  mode = "in_memory" if workers == 1 else "multi_processing"
+  return (f"--direct_running_mode={mode}", f"--direct_num_workers={workers}")
+
+
+def decide(requested: int | str, sizes: Sequence[int], beam_args: Sequence[str] = (),
+           cores: int | None = None) -> Decision:
+  """Chooses in-process or N worker processes for a conversion.
+
+  Args:
+    requested: --workers: a positive int or 'auto'.
+    sizes: Input bytes of each shard to convert (kept shards excluded).
+    beam_args: The Beam flags given; explicit --direct_running_mode /
+      --direct_num_workers win, and other runners schedule their own workers.
+    cores: Usable cores (default: this process's CPU affinity).
+
+  Raises:
+    ValueError: --workers N with a runner other than DirectRunner.
+  """
+  runner = runner_name(beam_args)
+  if not is_direct(runner):
+    if requested != AUTO:
+      raise ValueError(f"--workers {requested} applies to DirectRunner only; {runner} "
+                       "schedules its own workers (see its parallelism flags).")
+    return Decision(None, f"{runner} schedules its own workers", direct=False)
+  explicit = [f"--{n} {_flag_value(beam_args, n)}" for n in BEAM_FLAGS
+              if _flag_value(beam_args, n) is not None]
+  if explicit:
+    ignored = f"; --workers {requested} not applied" if requested != AUTO else ""
+    return Decision(None, f"explicit Beam flags {' '.join(explicit)}{ignored}")
+  shards, mb = len(sizes), sum(sizes) / 1e6
+  if requested != AUTO:
+    n = max(1, min(int(requested), shards))
+    capped = f" (capped at the {shards} shard(s) to convert)" if n < requested else ""
+    return Decision(n, f"--workers {requested}{capped}", _mode_flags(n))
+  cores = cores or usable_cores()
+  n = min(cores, shards)
+  if n <= 1:
+    why = f"{cores} usable core" if cores <= 1 else f"{shards} shard(s) to convert"
+    return Decision(1, f"auto: {why}", _mode_flags(1))
+  serial, parallel = estimate_seconds(sizes, 1), estimate_seconds(sizes, n)
+  estimate = f"est. {parallel:.0f} s with {n} workers vs {serial:.0f} s in-process"
+  if parallel <= (1 - MIN_SAVING) * serial:
+    return Decision(n, f"auto: min({cores} cores, {shards} shards) for {mb:,.0f} MB; "
+                    f"{estimate}", _mode_flags(n))
+  return Decision(1, f"auto: {mb:,.0f} MB in {shards} shard(s) is too little for worker "
+                  f"start-up (~{STARTUP_S:g} s) to pay off; {estimate}", _mode_flags(1))
+
+
+def local_runner(options):
+  """Beam's FnApiRunner, set up as DirectRunner sets it up when it falls back to it.
+
+  Uses Beam 2.77 internals (the ones SwitchingDirectRunner.run_pipeline
+  uses): the provision info carries the pipeline options to the SDK worker
+  processes of a multi_processing run (filesystem settings for gs://).
+  """
+  # Beam is imported here, not at module level: parsing --workers needs no Beam.
+  from apache_beam.portability.api import beam_provision_api_pb2
+  from apache_beam.runners.portability.fn_api_runner import fn_runner
+  from apache_beam.runners.portability.portable_runner import JobServiceHandle
+  encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+  info = fn_runner.ExtendedProvisionInfo(
+      beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+  return fn_runner.FnApiRunner(provision_info=info)
