@@ -1,0 +1,90 @@
+"""RebatchIterDataset against Grain 0.2.18."""
+
+from __future__ import annotations
+
+import collections
+
+import grain
+import numpy as np
+import pytest
+
+import loader
+from loader import experimental
+from loader_testing import assert_restore_at_every_step_gives_same_stream
+
+Pair = collections.namedtuple("Pair", ["ids", "sq"])
+
+
+def _element(i):
+  # Keys already sorted: Grain (through JAX pytrees) returns dicts with sorted keys.
+  return {"a": np.int64(i), "b": np.full((2,), i, np.int32), "t": (np.float32(i / 2), np.int64(-i))}
+
+
+def _as_lists(batch):
+  return {"a": batch["a"].tolist(), "b": batch["b"].tolist(),
+          "t": [batch["t"][0].tolist(), batch["t"][1].tolist()]}
+
+
+@pytest.mark.parametrize("in_size,out_size,drop", [(5, 7, False), (5, 7, True), (4, 2, False), (3, 3, True),
+                                                    (2, 11, False), (7, 1, False)])
+def test_matches_grain(in_size, out_size, drop):
+  ours = experimental.RebatchIterDataset(
+      loader.MapDataset.range(23).map(_element).batch(in_size).to_iter_dataset(), out_size, drop_remainder=drop)
+  theirs = grain.experimental.RebatchIterDataset(
+      grain.MapDataset.range(23).map(_element).batch(in_size).to_iter_dataset(), out_size, drop_remainder=drop)
+  assert [_as_lists(b) for b in ours] == [_as_lists(b) for b in theirs]
+
+
+def test_namedtuples_keep_their_type():
+  ds = loader.MapDataset.range(10).map(lambda i: Pair(i, i * i)).batch(4).to_iter_dataset()
+  out = list(experimental.RebatchIterDataset(ds, 3))
+  assert all(type(b) is Pair for b in out)
+  assert [b.ids.tolist() for b in out] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+def test_batch_size_must_be_positive_like_grain():
+  with pytest.raises(ValueError):
+    grain.experimental.RebatchIterDataset(grain.MapDataset.range(3).batch(1).to_iter_dataset(), 0)
+  with pytest.raises(ValueError, match="batch_size"):
+    experimental.RebatchIterDataset(loader.MapDataset.range(3).batch(1).to_iter_dataset(), 0)
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_restore_at_every_step(drop):
+  make = lambda: experimental.RebatchIterDataset(
+      loader.MapDataset.range(40).shuffle(seed=1).to_iter_dataset().filter(lambda x: x % 4).batch(6), 4,
+      drop_remainder=drop)
+  assert assert_restore_at_every_step_gives_same_stream(make)
+
+
+def test_grain_state_resumes_at_grains_element():
+  make = lambda lib: lib.MapDataset.range(30).batch(4).to_iter_dataset()
+  theirs = iter(grain.experimental.RebatchIterDataset(make(grain), 3))
+  for _ in range(4):
+    next(theirs)
+  state = theirs.get_state()
+  assert set(state) == {"parent", "batch_idx"}
+  ours = iter(experimental.RebatchIterDataset(make(loader), 3))
+  ours.set_state(state)
+  assert [b.tolist() for b in ours] == [b.tolist() for b in theirs]
+
+
+def test_failing_parent_is_retried_without_losing_rows():
+  fail = {"once": True}
+
+  def flaky(batch):
+    if batch[0] == 12 and fail["once"]:
+      fail["once"] = False
+      raise RuntimeError("transient")
+    return batch
+
+  # A sequential map (after a filter and batch), so the error reaches rebatch.
+  ds = loader.MapDataset.range(20).to_iter_dataset().filter(lambda x: True).batch(4).map(flaky)
+  it = iter(experimental.RebatchIterDataset(ds, 6))
+  out = [next(it).tolist(), next(it).tolist()]
+  state = it.get_state()
+  with pytest.raises(RuntimeError):
+    next(it)
+  assert it.get_state() == state  # Still the start of the interrupted batch.
+  out += [b.tolist() for b in it]
+  assert out == [list(range(i, min(i + 6, 20))) for i in range(0, 20, 6)]
