@@ -17,7 +17,7 @@ import apache_beam as beam
 
 from converter import (expand_patterns, plan_shards,
                        read_manifest)
-from pipelines import build, cli
+from pipelines import build, cli, progress, workers
 
 PROG = "arrayrecord-convert"
 
@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
       "with Apache Beam (DirectRunner unless --runner says otherwise). Unknown flags "
       "go to Beam.")
   cli.add_converter_flags(p)
-  p.add_argument("--quiet", action="store_true", help="Print only the summary.")
+  workers.add_flag(p)
+  p.add_argument("--quiet", action="store_true",
+                 help="Print only the summary (no progress line).")
   return p
 
 
@@ -48,6 +50,8 @@ def summarize(manifest: dict, seconds: float, output_dir: str) -> str:
   for s in manifest["shards"]:
     if s["status"] == "failed":
       lines.append(f"FAILED {s['input']}: {s['error']}")
+  if manifest.get("_workers"):
+    lines.append(manifest["_workers"])
   lines.append(f"Output: {output_dir} (manifest: {output_dir.rstrip('/')}/manifest.json)")
   return "\n".join(lines)
 
@@ -64,15 +68,20 @@ def run(argv: Sequence[str] | None = None) -> dict:
   files = expand_patterns(args.input)
   plans = plan_shards(files, options)  # Checks outputs before any work starts.
   todo = sum(p.action == "convert" for p in plans)
+  shards = progress.shards(plans)
+  local = workers.decide(args.workers, [s.size for s in shards], beam_args)
+  opts = build.pipeline_options([*beam_args, *local.beam_flags])
   if not args.quiet:
     print(f"Converting {todo} of {len(plans)} file(s) to {options.output_dir} "
           f"(writer options {options.writer_options!r}, runner "
-          f"{opts.get_all_options()['runner']})...", flush=True)
+          f"{opts.get_all_options()['runner']}, {local.mode})...", flush=True)
   start = time.monotonic()
-  with beam.Pipeline(options=opts) as p:
+  with progress.watch(shards, quiet=args.quiet), \
+      beam.Pipeline(runner=local.runner(opts), options=opts) as p:
     build.add_conversion(p, options, files=files)
   manifest = read_manifest(options.output_dir)
   manifest["_seconds"] = time.monotonic() - start
+  manifest["_workers"] = local.summary
   return manifest
 
 

@@ -39,7 +39,8 @@ from converter import (MANIFEST_NAME, ConversionError, ConvertOptions, OutputExi
 from converter import writer as _writer
 from converter.naming import output_path
 from loader import tfds as _layout
-from pipelines import build, cli, convert, verify
+from converter.guard import ConversionGuard
+from pipelines import build, cli, convert, progress, verify, workers
 
 PROG = "arrayrecord-tfds"
 INPUT_FORMAT = "tfrecord"
@@ -379,7 +380,9 @@ def _parser() -> argparse.ArgumentParser:
   cli.add_converter_flags(p, io=False)
   p.add_argument("--verify", action="store_true",
                  help="Afterwards re-read every shard pair and compare record digests.")
-  p.add_argument("--quiet", action="store_true", help="Print only the summary.")
+  workers.add_flag(p)
+  p.add_argument("--quiet", action="store_true",
+                 help="Print only the summary (no progress line).")
   return p
 
 
@@ -400,19 +403,26 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args, beam_args = _parser().parse_known_args(argv)
   plan = plan_tfds(args.dataset_dir, args.out_dir)
   options = tfds_convert_options(plan, cli.converter_options(args, output_dir=plan.out_dir))
-  shard_plans = check_inputs_and_outputs(plan, options)  # Before any work starts.
+  # Checks, locks the output dir and plans, before any work starts.
+  guard = ConversionGuard(plan.inputs, options, plan=lambda _, o: check_inputs_and_outputs(plan, o))
+  shard_plans = guard.plans
   todo = sum(s.action == "convert" for s in shard_plans)
-  opts = build.pipeline_options(beam_args)
+  shards = progress.shards(shard_plans)
+  local = workers.decide(args.workers, [s.size for s in shards], beam_args)
+  opts = build.pipeline_options([*beam_args, *local.beam_flags])
   if not args.quiet:
     mode = "in place" if plan.in_place else f"to {plan.out_dir}"
     print(f"Converting {todo} of {len(shard_plans)} shard(s) of TFDS dataset "
           f"{plan.info['name']!r} ({plan.dataset_dir}) {mode} (writer options "
-          f"{options.writer_options!r}, runner {opts.get_all_options()['runner']})...", flush=True)
+          f"{options.writer_options!r}, runner {opts.get_all_options()['runner']}, "
+          f"{local.mode})...", flush=True)
   start = time.monotonic()
-  with beam.Pipeline(options=opts) as p:
+  with guard, progress.watch(shards, quiet=args.quiet), \
+      beam.Pipeline(runner=local.runner(opts), options=opts) as p:
     add_tfds_conversion(p, plan, options)
   manifest = read_manifest(plan.out_dir)
   manifest["_seconds"] = time.monotonic() - start
+  manifest["_workers"] = local.summary
   manifest["_plan"] = plan
   manifest["_checks"] = verify_tfds(plan, options.compression) if args.verify else None
   return manifest
