@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 
 class ConversionError(Exception):
   """Base class for errors raised by the converter."""
+
+  # The CLIs' exit status: 2 for what is found before any work (usage,
+  # inputs, outputs); subclasses found while converting say 1.
+  exit_code = 2
 
   # Beam re-raises a DoFn's exception as `type(exn)(message + step, ...)`,
   # which would pass our message where a path or pattern belongs. Our messages
@@ -26,6 +32,8 @@ def _rebuild(cls, args, state):
 class CorruptRecordError(ConversionError):
   """A TFRecord record failed its length or data checksum, or was cut short."""
 
+  exit_code = 1
+
   def __init__(self, path: str, record_index: int, offset: int, reason: str,
                compressed: bool = False):
     self.path = path
@@ -43,11 +51,11 @@ class CorruptRecordError(ConversionError):
 class NoInputFilesError(ConversionError):
   """An input pattern matched no files."""
 
-  def __init__(self, pattern: str):
+  def __init__(self, pattern: str, hint: str | None = None):
     self.pattern = pattern
-    super().__init__(
-        f"No files match the input pattern {pattern!r}. Check the path and the "
-        "glob (quote it so your shell does not expand it).")
+    advice = hint or ("Check the path and the glob (quote it so your shell does not "
+                      "expand it)")
+    super().__init__(f"No files match the input pattern {pattern!r}. {advice}.")
 
 
 class OutputExistsError(ConversionError):
@@ -61,3 +69,101 @@ class OutputExistsError(ConversionError):
         "converted. Pass existing='overwrite' (CLI: --overwrite) to replace "
         "them, or existing='skip' (CLI: --skip-existing) to keep them and "
         "convert only the missing shards.")
+
+
+class InputError(ConversionError):
+  """An input that cannot be converted as given (a directory, a FIFO, a broken link...)."""
+
+  def __init__(self, path: str, problem: str, fix: str):
+    self.path, self.problem, self.fix = path, problem, fix
+    super().__init__(f"Input {path} {problem}; {fix}.")
+
+
+class CompressionMismatchError(CorruptRecordError):
+  """--compression names a format the file is not in (so record 0 cannot be read)."""
+
+  exit_code = 2  # Usually found before any work, from the files' first bytes.
+
+  def __init__(self, path: str, asked: str, found: str):
+    self.path, self.asked, self.found = path, asked, found
+    self.record_index, self.offset = 0, 0
+    looks = "uncompressed" if found == "none" else f"{found}-compressed"
+    self.reason = f"not {asked}-compressed (it looks {looks})"
+    ConversionError.__init__(self, 
+        f"{path} is not {asked}-compressed (it looks {looks}), but --compression {asked} "
+        "was given. Use --compression auto (compression='auto') to detect it per file.")
+
+
+class OutputError(ConversionError):
+  """The output location cannot be used, found before any work starts."""
+
+
+class OutputWriteError(ConversionError):
+  """Writing an output failed (disk full, permissions); its temp file was removed."""
+
+  exit_code = 1
+
+  def __init__(self, path: str, reason: str):
+    self.path, self.reason = path, reason
+    super().__init__(
+        f"Cannot write {path}: {reason}. Its temp file was removed and no partial file "
+        "was left under its name; fix the cause (free space, permissions), then rerun "
+        "with --skip-existing to keep the shards already written.")
+
+
+class OutputLockedError(ConversionError):
+  """Another conversion is writing to the same output directory."""
+
+
+class ClobberedOutputError(ConversionError):
+  """An output appeared or changed after planning: another writer published it."""
+
+  exit_code = 1
+
+
+class Interrupted(ConversionError):
+  """The run was stopped (Ctrl-C); complete shards are kept, temp files removed."""
+
+  exit_code = 130  # 128 + SIGINT, as shells report it.
+
+  def __init__(self, complete: int, total: int):
+    self.complete, self.total = complete, total
+    super().__init__(f"interrupted; {complete} of {total} shards complete; rerun with "
+                     "--skip-existing to resume")
+
+
+def _subclasses(cls: type) -> list[type]:
+  out = []
+  for sub in cls.__subclasses__():
+    out += [sub] + _subclasses(sub)
+  return out
+
+
+def root_cause_line(exc: BaseException) -> str:
+  """One line for a failed run: our own error if one is inside, else the root cause.
+
+  A runner wraps a worker's exception in its own (often as text only, with
+  the worker's traceback): look for our error's `Name: message` line first,
+  then report the innermost exception of the chain.
+  """
+  seen: set[int] = set()
+  chain = []
+  e: BaseException | None = exc
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    chain.append(e)
+    if isinstance(e, ConversionError):
+      return str(e).split(" [while running")[0]
+    e = e.__cause__ or e.__context__
+  names = "|".join(c.__name__ for c in _subclasses(ConversionError))
+  for text in (str(c) for c in chain):
+    found = re.findall(rf"(?:^|\W)(?:{names}): (.+)", text)
+    if found:
+      return found[-1].split(" [while running")[0].strip()
+  root = chain[-1]
+  lines = [l.strip() for l in str(root).splitlines() if l.strip()]
+  # A wrapped traceback ends with the original `Type: message` line.
+  message = lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else "")
+  message = message.split(" [while running")[0]
+  kind = type(root).__name__
+  return message if message.startswith(kind) else f"{kind}: {message}".rstrip(": ")

@@ -1,20 +1,30 @@
-"""The manifest: per shard input, output, record count, bytes and a digest."""
+"""The manifest: per shard input, output, record count, bytes and a digest.
+
+The format itself (name, validation, relative paths) lives in loader.ondisk;
+this module adds what needs the converter: the record digest, and reading and
+writing manifests on any filesystem Beam knows (gs://...).
+"""
 
 from __future__ import annotations
 
-import datetime
-import json
-import posixpath
+import os
+import shutil
 import struct
+import tempfile
 from typing import Any, Iterable
 
 import xxhash
 
 from converter import writer as _writer
+from loader import ondisk
+from loader.ondisk import MANIFEST_FORMAT, MANIFEST_NAME, ManifestError, manifest_path
 
-MANIFEST_NAME = "manifest.json"
-MANIFEST_FORMAT = "arrayrecord-toolkit/manifest"
+__all__ = ["MANIFEST_FORMAT", "MANIFEST_NAME", "ManifestError", "RecordDigest",
+           "array_record_digest", "build_manifest", "manifest_path", "read_manifest",
+           "write_manifest"]
+
 _LEN = struct.Struct("<Q")
+_READ_BLOCK = 1024
 
 
 class RecordDigest:
@@ -37,46 +47,68 @@ class RecordDigest:
     return "xxh3_64:" + self._h.hexdigest()
 
 
-def manifest_path(output_dir: str) -> str:
-  return posixpath.join(output_dir.rstrip("/"), MANIFEST_NAME)
+def array_record_digest(path: str) -> tuple[int, str]:
+  """Record count (from the footer) and digest of an ArrayRecord file.
+
+  gs:// files are copied to a local temp file first.
+  """
+  from array_record.python.array_record_module import ArrayRecordReader
+  local, tmp = path, None
+  if not _writer.is_local(path):
+    from apache_beam.io.filesystems import FileSystems
+    fd, tmp = tempfile.mkstemp(suffix=".array_record")
+    with os.fdopen(fd, "wb") as dst, FileSystems.open(path) as src:
+      shutil.copyfileobj(src, dst, 16 << 20)
+    local = tmp
+  try:
+    reader = ArrayRecordReader(local, "readahead_buffer_size:0")
+    try:
+      n = reader.num_records()
+      digest = RecordDigest()
+      for start in range(0, n, _READ_BLOCK):
+        digest.update_many(reader.read(start, min(n, start + _READ_BLOCK)))
+    finally:
+      reader.close()
+    return n, digest.hexdigest()
+  finally:
+    if tmp:
+      os.remove(tmp)
+
+
+def array_record_count(path: str) -> int:
+  """Records in a local ArrayRecord file, from its footer (no record is read)."""
+  from array_record.python.array_record_module import ArrayRecordReader
+  reader = ArrayRecordReader(path, "readahead_buffer_size:0")
+  try:
+    return reader.num_records()
+  finally:
+    reader.close()
 
 
 def build_manifest(results: list[dict[str, Any]], *, writer_options: str,
                    output_dir: str) -> dict[str, Any]:
-  shards = sorted(results, key=lambda r: r["output"])
-  ok = [r for r in shards if r["status"] != "failed"]
-  return {
-      "format": MANIFEST_FORMAT,
-      "version": 1,
-      "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "output_dir": output_dir,
-      "writer_options": writer_options,
-      "totals": {
-          "shards": len(shards),
-          "converted": sum(r["status"] == "converted" for r in shards),
-          "existing": sum(r["status"] == "existing" for r in shards),
-          "failed": sum(r["status"] == "failed" for r in shards),
-          "records": sum(r.get("records") or 0 for r in ok),
-          "bytes_in": sum(r.get("bytes_in") or 0 for r in ok),
-          "bytes_out": sum(r.get("bytes_out") or 0 for r in ok),
-          "corrupt_records_skipped": sum(r.get("corrupt_records_skipped") or 0 for r in shards),
-      },
-      "shards": shards,
-  }
+  """The manifest for per-shard results (full paths; stored relative to output_dir)."""
+  return ondisk.build_manifest(results, output_dir=output_dir, writer_options=writer_options)
 
 
 def write_manifest(output_dir: str, manifest: dict[str, Any]) -> str:
   path = manifest_path(output_dir)
-  _writer.write_bytes_atomic(path, json.dumps(manifest, indent=1).encode())
+  _writer.write_bytes_atomic(path, ondisk.dump_manifest(manifest))
   return path
 
 
 def read_manifest(output_dir: str) -> dict[str, Any] | None:
-  """The manifest in output_dir, or None if there is none."""
+  """The checked manifest in output_dir with full shard paths, or None if there is none.
+
+  Shard `input`/`output` paths are resolved against output_dir (the manifest
+  stores them relative to it), so a moved or copied output directory names
+  its own files.
+
+  Raises:
+    ManifestError: the manifest is not valid; the message names the file.
+  """
   path = manifest_path(output_dir)
   if not _writer.exists(path):
     return None
-  data = json.loads(_writer.read_bytes(path))
-  if data.get("format") != MANIFEST_FORMAT:
-    raise ValueError(f"{path} is not an arrayrecord-toolkit manifest (format={data.get('format')!r}).")
-  return data
+  manifest = ondisk.parse_manifest(_writer.read_bytes(path), path)
+  return {**manifest, "shards": ondisk.resolved_shards(manifest, output_dir)}

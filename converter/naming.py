@@ -11,6 +11,8 @@ import dataclasses
 import posixpath
 import re
 
+from loader.ondisk import split_uri
+
 # Longest token first so `.tfrecords` is not read as `.tfrecord` + `s`.
 FORMAT_TOKENS = ("tfrecords", "tfrecord", "tfrec")
 COMPRESSION_SUFFIXES = ("gz", "gzip", "zlib", "deflate")
@@ -81,12 +83,6 @@ def output_basename(input_basename: str, suffix: str = "array_record") -> str:
   if not suffix or "/" in suffix or suffix.startswith("."):
     raise ValueError(f"suffix must be a bare extension such as 'array_record', got {suffix!r}.")
   return ShardName.parse(input_basename).with_format(suffix).format_name()
-
-
-def split_uri(path: str) -> tuple[str, str]:
-  """Splits `gs://b/x/y` into (`gs://`, `b/x/y`); local paths get an empty scheme."""
-  m = re.match(r"^([a-zA-Z][a-zA-Z0-9+.\-]*://)(.*)$", path)
-  return (m.group(1), m.group(2)) if m else ("", path)
 
 
 def common_dir(paths: list[str]) -> str:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 from typing import Any, Iterable
 
 from converter import writer as _writer
 from converter.errors import ConversionError, NoInputFilesError, OutputExistsError
-from converter.manifest import MANIFEST_NAME, read_manifest
+from converter.manifest import MANIFEST_NAME, ManifestError, read_manifest
 from converter.naming import common_dir, output_path, split_uri
 from converter.options import ConvertOptions
+from converter.tfrecord import check_regular_file
 
 
 def match_pattern(pattern: str) -> list[str]:
@@ -18,18 +20,37 @@ def match_pattern(pattern: str) -> list[str]:
   from apache_beam.io.filesystems import FileSystems
   # Beam's local glob lists nothing for a pattern without a directory part
   # (`*.tfrecord`), so local patterns are matched as absolute paths.
-  query = os.path.abspath(pattern) if split_uri(pattern)[0] == "" else pattern
+  local = split_uri(pattern)[0] == ""
+  query = os.path.abspath(pattern) if local else pattern
   try:
     metadata = FileSystems.match([query])[0].metadata_list
   except Exception as e:  # Beam raises BeamIOError for a missing directory.
     if "No files found" in str(e) or "not found" in str(e).lower():
-      raise NoInputFilesError(pattern) from None
+      raise NoInputFilesError(pattern, _bracket_hint(pattern)) from None
     raise
   paths = sorted(m.path for m in metadata
                  if not m.path.rstrip("/").endswith("/" + MANIFEST_NAME))
+  if local:
+    # Beam's glob silently drops broken links; a missing shard must not go unnoticed.
+    for p in sorted(glob.glob(query, recursive=True)):
+      if os.path.islink(p) and not os.path.exists(p):
+        check_regular_file(p)
+    for p in paths:
+      check_regular_file(p)  # A directory or FIFO given by name, or matched.
   if not paths:
-    raise NoInputFilesError(pattern)
+    raise NoInputFilesError(pattern, _bracket_hint(pattern))
   return paths
+
+
+def _bracket_hint(pattern: str) -> str | None:
+  """Advice when `[` or `]` in a pattern were meant literally (they are a glob class)."""
+  if "[" not in pattern:
+    return None
+  if split_uri(pattern)[0] == "" and not os.path.lexists(pattern):
+    return ("'[' and ']' in a pattern are a glob character class; to match them literally "
+            f"escape '[' as '[[]' (e.g. {glob.escape(pattern)!r})")
+  return (f"'[' and ']' are a glob character class, so the file named {pattern!r} does not "
+          f"match itself; escape '[' as '[[]': --input {glob.escape(pattern)!r}")
 
 
 def expand_patterns(patterns: str | Iterable[str]) -> list[str]:
@@ -53,6 +74,10 @@ class ShardPlan:
   output: str
   action: str  # 'convert' or 'keep'
   previous: dict[str, Any] | None = None
+  # What publishing may replace at `output` (writer.output_identity() when
+  # planned): None means nothing, so a file another run wrote meanwhile is
+  # never clobbered.
+  replaces: Any = None
 
 
 def _complete_local_array_record(path: str) -> bool:
@@ -76,6 +101,9 @@ def plan_shards(inputs: list[str], options: ConvertOptions) -> list[ShardPlan]:
   if not inputs:
     raise ValueError("No input files to convert.")
   inputs = sorted(set(inputs))
+  for i in inputs:
+    if _writer.is_local(i) and os.path.lexists(i):
+      check_regular_file(i)  # A directory, FIFO or broken link; missing ones fail when read.
   root = options.input_root or common_dir(inputs)
   outputs = [output_path(i, root, options.output_dir, options.suffix) for i in inputs]
   seen: dict[str, str] = {}
@@ -92,13 +120,19 @@ def plan_shards(inputs: list[str], options: ConvertOptions) -> list[ShardPlan]:
     raise OutputExistsError(existing)
   previous: dict[str, dict[str, Any]] = {}
   if existing and options.existing == "skip":
-    manifest = read_manifest(options.output_dir) or {}
+    try:
+      manifest = read_manifest(options.output_dir) or {}
+    except ManifestError:
+      manifest = {}  # Kept shards are rebuilt from their files, so nothing is lost.
     previous = {s["output"]: s for s in manifest.get("shards", []) if s.get("status") != "failed"}
   plans = []
   existing_set = set(existing)
   for i, o in zip(inputs, outputs):
     keep = (options.existing == "skip" and o in existing_set
             and (not _writer.is_local(o) or _complete_local_array_record(o)))
-    plans.append(ShardPlan(input=i, output=o, action="keep" if keep else "convert",
-                           previous=previous.get(o) if keep else None))
+    if keep:
+      plans.append(ShardPlan(input=i, output=o, action="keep", previous=previous.get(o)))
+    else:
+      replaces = _writer.output_identity(o) if o in existing_set else None
+      plans.append(ShardPlan(input=i, output=o, action="convert", replaces=replaces))
   return plans

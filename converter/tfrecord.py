@@ -8,13 +8,16 @@ all little-endian. GZIP and ZLIB streams are detected from their magic bytes.
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 import struct
 import zlib
 from typing import BinaryIO, Iterator
 
 import crc32c as _crc32c
 
-from converter.errors import CorruptRecordError
+from converter.errors import CompressionMismatchError, CorruptRecordError, InputError
+from loader.ondisk import is_local
 
 COMPRESSIONS = ("auto", "gzip", "zlib", "none")
 _HEADER = struct.Struct("<QI")
@@ -129,6 +132,12 @@ class TFRecordReader:
         break
       head += more
     kind = self.compression if self.compression != "auto" else detect_compression(head)
+    if self.compression != "auto" and head:
+      found = detect_compression(head)
+      # Content sniffing says "none" for anything it does not recognise, so a
+      # forced gzip/zlib must match exactly; a forced "none" must not be gzip/zlib.
+      if found != kind and (kind != "none" or found in ("gzip", "zlib")):
+        raise CompressionMismatchError(self.path, kind, found)
     self.detected_compression = kind
     if kind == "none":
       while head:
@@ -152,8 +161,15 @@ class TFRecordReader:
       yield out
 
   def __iter__(self) -> Iterator[bytes]:
-    with self._open() as f:
-      yield from self._records(self._chunks(f))
+    if self._opener is None and is_local(self.path):
+      check_regular_file(self.path)  # Opening a FIFO would block forever.
+    try:
+      with self._open() as f:
+        yield from self._records(self._chunks(f))
+    except OSError as e:
+      reason = f"[Errno {e.errno}] {e.strerror}" if e.errno else str(e).split("\n")[0]
+      raise InputError(self.path, f"cannot be read ({reason})",
+                       "check that it exists and is readable") from e
 
   def _corrupt(self, offset: int, reason: str) -> CorruptRecordError:
     return CorruptRecordError(
@@ -257,6 +273,25 @@ class TFRecordReader:
         "length checksum mismatch (damaged record header) and no valid record "
         "follows, so the rest of the file cannot be recovered",
         compressed=self.detected_compression not in (None, "none"))
+
+
+def check_regular_file(path: str) -> None:
+  """Raises InputError unless a local path is a regular file (or a link to one)."""
+  try:
+    mode = os.stat(path).st_mode
+  except FileNotFoundError:
+    if os.path.islink(path):
+      raise InputError(path, f"is a broken symbolic link (to {os.readlink(path)!r}, which "
+                       "does not exist)", "fix or remove the link") from None
+    raise InputError(path, "does not exist", "check the path") from None
+  if stat.S_ISDIR(mode):
+    raise InputError(path, "is a directory", f"give the files in it, e.g. --input "
+                     f"'{os.path.join(path, '*')}'")
+  if not stat.S_ISREG(mode):
+    kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) \
+        else "a device" if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) else "not a regular file"
+    raise InputError(path, f"is {kind}, which cannot be converted (reading it could block "
+                     "or never end)", "convert regular files only; copy the data to a file first")
 
 
 def read_tfrecords(path: str, compression: str = "auto", on_corrupt: str = "fail") -> Iterator[bytes]:

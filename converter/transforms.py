@@ -63,8 +63,7 @@ class _ConvertShardFn(beam.DoFn):
   def process(self, plan: ShardPlan):
     if plan.action == "keep":
       self.files_kept.inc()
-      prev = plan.previous or {}
-      yield {**prev, "input": plan.input, "output": plan.output, "status": "existing"}
+      yield kept_shard_entry(plan)
       return
     opts = self._options
     reader = TFRecordReader(plan.input, compression=opts.compression, on_corrupt=opts.on_corrupt)
@@ -72,7 +71,8 @@ class _ConvertShardFn(beam.DoFn):
     update = digest.update
     start = time.monotonic()
     try:
-      with _writer.ArrayRecordShardWriter(plan.output, opts.writer_options) as w:
+      with _writer.ArrayRecordShardWriter(plan.output, opts.writer_options,
+                                          expect=plan.replaces) as w:
         write = w.write
         for record in reader:
           write(record)
@@ -107,6 +107,33 @@ class _ConvertShardFn(beam.DoFn):
         "input_truncated": reader.stats.truncated,
         "seconds": round(time.monotonic() - start, 3),
     }
+
+
+def kept_shard_entry(plan: ShardPlan) -> dict[str, Any]:
+  """The manifest entry of a kept output, rebuilt from the file itself.
+
+  The record count comes from the ArrayRecord footer. The earlier manifest's
+  digest is carried over only when that entry still describes this file (same
+  record count and size); otherwise (no manifest after a killed run, or a
+  stale one) the file is read once to recompute it.
+  """
+  prev = plan.previous or {}
+  bytes_out = _writer.file_size(plan.output)
+  records = (_manifest.array_record_count(plan.output) if _writer.is_local(plan.output)
+             else None)
+  trusted = (isinstance(prev.get("digest"), str) and prev.get("bytes_out") == bytes_out
+             and isinstance(prev.get("records"), int)
+             and (records is None or prev["records"] == records))
+  if trusted:
+    records, digest = prev["records"], prev["digest"]
+  else:
+    records, digest = _manifest.array_record_digest(plan.output)
+  keep = {k: prev[k] for k in ("compression", "record_bytes", "corrupt_records_skipped",
+                               "input_truncated") if trusted and k in prev}
+  return {**keep, "input": plan.input, "output": plan.output, "status": "existing",
+          "records": records, "bytes_in": _writer.file_size(plan.input),
+          "bytes_out": bytes_out, "digest": digest,
+          "digest_from": "manifest" if trusted else "file"}
 
 
 def _write_manifest(results: list[dict[str, Any]], options: ConvertOptions) -> str:

@@ -1,31 +1,44 @@
 """Writes files so that the final name appears only once the file is complete.
 
 ArrayRecordWriter only takes a local path. Local outputs are written to a
-hidden temp file beside the final one and renamed (atomic on POSIX). Remote
-outputs (gs://...) are written to a local temp file, uploaded to a hidden
-temp object beside the final one, then renamed through Beam FileSystems.
+hidden temp file beside the final one (named after its owner, see
+loader.ondisk.temp_name) and published without clobbering a file another run
+wrote meanwhile. Remote outputs (gs://...) are written to a local temp file,
+uploaded to a hidden temp object beside the final one, then renamed through
+Beam FileSystems.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import posixpath
 import shutil
 import tempfile
-import uuid
+from typing import Any
 
+from converter.errors import ClobberedOutputError, ConversionError, OutputWriteError
 from converter.naming import split_uri
+from loader import ondisk
+from loader.ondisk import REPLACE_ANY, is_local
 
 _COPY_CHUNK = 16 << 20
+# OS errors a writer reports only as text (ArrayRecordWriter raises RuntimeError).
+_NAMED_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES,
+                 errno.EPERM, errno.EIO, errno.ENOENT)
+
+__all__ = ["REPLACE_ANY", "ArrayRecordShardWriter", "exists", "file_size", "is_local",
+           "local_temp_path", "output_identity", "publish", "read_bytes", "write_bytes_atomic"]
 
 
-def is_local(path: str) -> bool:
-  return split_uri(path)[0] == ""
-
-
-def _temp_name(final_path: str) -> str:
-  head, tail = posixpath.split(final_path)
-  return posixpath.join(head, f".{tail}.tmp-{uuid.uuid4().hex[:12]}")
+def os_reason(error: BaseException) -> str:
+  """An OS error as `[Errno 28] No space left on device`, also from a writer's message."""
+  if isinstance(error, OSError) and error.errno:
+    return f"[Errno {error.errno}] {error.strerror or os.strerror(error.errno)}"
+  text = str(error)
+  for code in _NAMED_ERRNOS:
+    if os.strerror(code) in text:
+      return f"[Errno {code}] {os.strerror(code)}"
+  return text.split(";")[0].strip() or type(error).__name__
 
 
 def exists(path: str) -> bool:
@@ -42,17 +55,44 @@ def file_size(path: str) -> int:
   return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
 
 
-def publish(local_tmp: str, final_path: str) -> None:
-  """Moves a finished local file to final_path; the final name appears last."""
+def output_identity(path: str) -> Any:
+  """What publish() may replace at `path`: None if nothing is there.
+
+  Local files are identified by inode, size and mtime, so a file another run
+  published after planning is never replaced. Remote objects can only be told
+  apart by existence here (see the converter README on gs:// limits).
+  """
+  if is_local(path):
+    return ondisk.file_id(path)
+  return REPLACE_ANY if exists(path) else None
+
+
+def publish(local_tmp: str, final_path: str, expect: Any = REPLACE_ANY) -> None:
+  """Moves a finished local file to final_path; the final name appears last.
+
+  Args:
+    local_tmp: The finished file (from local_temp_path).
+    final_path: Its final name.
+    expect: What may be at final_path (output_identity() at planning time):
+      None means nothing, so a file that appeared meanwhile is never replaced.
+
+  Raises:
+    ClobberedOutputError: final_path is not what `expect` says.
+  """
   if is_local(final_path):
     os.makedirs(os.path.dirname(os.path.abspath(final_path)), exist_ok=True)
-    os.replace(local_tmp, final_path)
+    try:
+      ondisk.publish_local(local_tmp, final_path, expect)
+    except ondisk.ClobberError as e:
+      raise ClobberedOutputError(str(e)) from None
     return
   from apache_beam.io.filesystems import FileSystems
-  remote_tmp = _temp_name(final_path)
+  remote_tmp = ondisk.temp_name(final_path)
   try:
     with open(local_tmp, "rb") as src, FileSystems.create(remote_tmp) as dst:
       shutil.copyfileobj(src, dst, _COPY_CHUNK)
+    if expect is None and FileSystems.exists(final_path):
+      raise ClobberedOutputError(str(ondisk.ClobberError(final_path)))
     # A GCS rename is a server-side copy that replaces the destination in one
     # step, so an overwritten output is never missing; elsewhere make room first.
     if split_uri(final_path)[0] != "gs://" and FileSystems.exists(final_path):
@@ -79,7 +119,7 @@ def local_temp_path(final_path: str) -> str:
   if is_local(final_path):
     parent = os.path.dirname(os.path.abspath(final_path))
     os.makedirs(parent, exist_ok=True)
-    return _temp_name(os.path.abspath(final_path))
+    return ondisk.temp_name(os.path.abspath(final_path))
   fd, path = tempfile.mkstemp(prefix="arrayrecord-", suffix=".tmp")
   os.close(fd)
   return path
@@ -87,14 +127,21 @@ def local_temp_path(final_path: str) -> str:
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
   """Writes a small file (the manifest) under its final name in one step."""
-  tmp = local_temp_path(path)
   try:
-    with open(tmp, "wb") as f:
-      f.write(data)
-    publish(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+    if is_local(path):
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+      ondisk.write_bytes_atomic(path, data)
+      return
+    tmp = local_temp_path(path)
+    try:
+      with open(tmp, "wb") as f:
+        f.write(data)
+      publish(tmp, path)
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+  except OSError as e:
+    raise OutputWriteError(path, os_reason(e)) from e
 
 
 def read_bytes(path: str) -> bytes:
@@ -109,36 +156,59 @@ def read_bytes(path: str) -> bytes:
 class ArrayRecordShardWriter:
   """Context manager: write records, then commit() publishes the file.
 
-  Leaving the block without commit() (an exception, a corrupt input) removes
-  the temp file, so a failed or retried attempt never leaves a partial file
-  under the final name.
+  Leaving the block without commit() (an exception, a corrupt input, Ctrl-C)
+  removes the temp file, even when closing the writer fails (a full disk), so
+  a failed or retried attempt never leaves a partial file under the final
+  name or a stray temp file. A write that fails (disk full, permissions)
+  raises OutputWriteError naming the final file and the OS error.
   """
 
-  def __init__(self, final_path: str, writer_options: str):
+  def __init__(self, final_path: str, writer_options: str, expect: Any = REPLACE_ANY):
     self.final_path = final_path
     self.writer_options = writer_options
+    self.expect = expect
     self._tmp: str | None = None
     self._writer = None
     self.bytes_out = 0
 
   def __enter__(self) -> ArrayRecordShardWriter:
     from array_record.python.array_record_module import ArrayRecordWriter
-    self._tmp = local_temp_path(self.final_path)
-    self._writer = ArrayRecordWriter(self._tmp, self.writer_options)
+    try:
+      self._tmp = local_temp_path(self.final_path)
+      self._writer = ArrayRecordWriter(self._tmp, self.writer_options)
+    except (OSError, RuntimeError) as e:
+      self._remove_tmp()
+      raise OutputWriteError(self.final_path, os_reason(e)) from e
     self.write = self._writer.write
     return self
 
   def commit(self) -> int:
     """Closes the writer and publishes the file; returns its size in bytes."""
-    self._writer.close()
-    self._writer = None
-    self.bytes_out = os.path.getsize(self._tmp)
-    publish(self._tmp, self.final_path)
+    writer, self._writer = self._writer, None
+    try:
+      writer.close()
+      self.bytes_out = os.path.getsize(self._tmp)
+      publish(self._tmp, self.final_path, self.expect)
+    except (OSError, RuntimeError) as e:
+      raise OutputWriteError(self.final_path, os_reason(e)) from e
     self._tmp = None  # Only now: if publishing fails, __exit__ removes the temp file.
     return self.bytes_out
 
-  def __exit__(self, *exc) -> None:
-    if self._writer is not None:
-      self._writer.close()
+  def _remove_tmp(self) -> None:
     if self._tmp is not None and os.path.exists(self._tmp):
       os.remove(self._tmp)
+    self._tmp = None
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    try:
+      if self._writer is not None:
+        writer, self._writer = self._writer, None
+        try:
+          writer.close()
+        except RuntimeError:
+          pass  # Already failing (e.g. the disk is full); the temp file goes anyway.
+    finally:
+      self._remove_tmp()
+    # ArrayRecordWriter.write reports a full disk as a RuntimeError.
+    if isinstance(exc, RuntimeError) and not isinstance(exc, ConversionError):
+      raise OutputWriteError(self.final_path, os_reason(exc)) from exc

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import glob
-import json
 import os
 import re
 import struct
@@ -23,9 +22,11 @@ from typing import Any, Protocol, SupportsIndex, TypeVar, runtime_checkable
 
 import numpy as np
 
+from loader import ondisk
+from loader.ondisk import MANIFEST_NAME
+
 T = TypeVar("T")
 
-MANIFEST_NAME = "manifest.json"
 # Random access wants no readahead (it would read megabytes per record).
 DEFAULT_READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 _GROUP_SIZE_RE = re.compile(r"(?:^|,)group_size:(\d+)")
@@ -40,6 +41,52 @@ class RandomAccessDataSource(Protocol[T]):
 
   def __getitem__(self, index: SupportsIndex) -> T:
     ...
+
+
+class FileChangedError(RuntimeError):
+  """A file of an open ArrayRecordSource was truncated, replaced or deleted."""
+
+  def __init__(self, path: str, change: str):
+    self.path, self.change = path, change
+    super().__init__(
+        f"{path} changed after the ArrayRecordSource was created ({change}); records read "
+        "from it now could be wrong or empty. Do not modify a dataset while it is read: "
+        "let the writer finish, then create a new ArrayRecordSource.")
+
+  def __reduce__(self):
+    return (type(self), (self.path, self.change))
+
+
+class CorruptRecordError(RuntimeError):
+  """A record of an ArrayRecord file is damaged (checksum mismatch, bad chunk)."""
+
+  def __init__(self, path: str, record_index: int | None, source_index: int | None,
+               detail: str):
+    self.path, self.record_index, self.source_index, self.detail = (
+        path, record_index, source_index, detail)
+    where = ("a record" if record_index is None else
+             f"record {record_index} (index {source_index} of the source)")
+    super().__init__(
+        f"{path}: {where} is corrupt: {detail}. Re-create the file (e.g. convert it again "
+        "with --overwrite) or restore it from a good copy.")
+
+  def __reduce__(self):
+    return (type(self), (self.path, self.record_index, self.source_index, self.detail))
+
+
+def _describe_change(before: tuple | None, after: tuple | None) -> str:
+  if after is None:
+    return "it was deleted"
+  if before is None:
+    return "it was created"
+  changes = []
+  if before[:2] != after[:2]:
+    changes.append("it was replaced by another file")
+  if before[2] != after[2]:
+    changes.append(f"size {before[2]} -> {after[2]} bytes")
+  if before[3] != after[3] and not changes:
+    changes.append("it was rewritten (modification time changed)")
+  return ", ".join(changes) or "its metadata changed"
 
 
 def _reader_class():
@@ -135,45 +182,49 @@ def _count_records(path: str, options: str) -> tuple[int, str]:
 
 
 def _read_manifest(directory: str) -> list[tuple[str, int]]:
-  """(path, records) per shard, in the manifest's order."""
-  path = os.path.join(directory, MANIFEST_NAME)
-  try:
-    with open(path) as f:
-      manifest = json.load(f)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{path} is not valid JSON: {e}") from e
-  shards = manifest.get("shards") if isinstance(manifest, dict) else None
-  if not isinstance(shards, list):
-    raise ValueError(f"{path} has no 'shards' list; is it a converter manifest?")
-  failed = [s.get("output") for s in shards if isinstance(s, dict) and s.get("status") == "failed"]
+  """(path, records) per shard, in the manifest's order; paths resolved in `directory`."""
+  manifest = ondisk.read_manifest(directory)  # Checked; a bad one raises naming the file.
+  path = ondisk.manifest_path(directory)
+  shards = manifest["shards"]
+  failed = [s["output"] for s in shards if s.get("status") == "failed"]
   if failed:
     raise ValueError(
         f"{path} lists {len(failed)} shard(s) whose conversion failed "
         f"(e.g. {failed[0]}); re-run the conversion before reading the dataset.")
   out = []
-  for i, shard in enumerate(shards):
-    output = shard.get("output") if isinstance(shard, dict) else None
-    records = shard.get("records") if isinstance(shard, dict) else None
-    if not isinstance(output, str) or not isinstance(records, int) or records < 0:
-      raise ValueError(
-          f"{path}: shard {i} needs 'output' (a path) and 'records' (an int >= 0); "
-          f"got {shard!r}.")
-    located = _locate_shard(directory, output)
+  for shard in shards:
+    output = shard["output"]
+    located = _locate_shard(directory, output, manifest)
     if not os.path.exists(located):
       raise FileNotFoundError(f"{path} lists shard {output!r}, which is not at {located}.")
-    out.append((located, records))
+    out.append((located, shard["records"]))
   return out
 
 
-def _locate_shard(directory: str, output: str) -> str:
-  # Manifests written on Dataflow name gs:// outputs; a copied dataset keeps
-  # the manifest next to the shards, so fall back to the file name.
-  candidates = [output] if os.path.isabs(output) else []
-  candidates += [os.path.join(directory, output), os.path.join(directory, os.path.basename(output))]
+def _locate_shard(directory: str, output: str, manifest: dict[str, Any]) -> str:
+  """Where a manifest's shard is: always looked for in `directory` first.
+
+  Paths are stored relative to the dataset directory, so a copied dataset
+  reads its own files. Older manifests stored absolute paths, and manifests
+  written on Dataflow name gs:// outputs: such a path is re-based onto
+  `directory` (or found by file name there) before it is used as is, so a
+  copy never silently reads the original's files.
+  """
+  if ondisk.is_local(output) and not os.path.isabs(output):
+    return os.path.join(directory, output)
+  candidates = []
+  old_base = manifest.get("output_dir")
+  if isinstance(old_base, str) and old_base:
+    rel = ondisk.to_stored(old_base, output)
+    if rel != output:
+      candidates.append(ondisk.resolve(directory, rel))
+  candidates.append(os.path.join(directory, os.path.basename(output.rstrip("/"))))
+  if ondisk.is_local(output):
+    candidates.append(output)
   for c in candidates:
     if os.path.exists(c):
       return c
-  return candidates[0] if os.path.isabs(output) else candidates[-1]
+  return candidates[0]
 
 
 def _resolve_paths(paths) -> list[tuple[str, int | None]]:
@@ -251,6 +302,10 @@ class ArrayRecordSource:
     self._reader_options = reader_options
     resolved = _resolve_paths(paths)
     self._paths = [p for p, _ in resolved]
+    # Identity (device, inode, size, mtime) of each file now: every read
+    # checks it, so a file changed under the source raises instead of
+    # returning wrong or empty records. Kept when pickled to workers.
+    self._ids = [ondisk.file_id(p) for p in self._paths]
     self._expected = [n for _, n in resolved]  # From a manifest, checked on open.
     counts = list(self._expected)
     unknown = [i for i, n in enumerate(counts) if n is None]
@@ -332,10 +387,46 @@ class ArrayRecordSource:
       with self._lock:
         reader = self._readers[file_index]
         if reader is None:
+          self._check_unchanged(file_index)
           reader = _open_reader(self._paths[file_index], self._reader_options)
-          self._check_count(file_index, reader.num_records())
+          n = reader.num_records()
+          self._check_count(file_index, n)
+          if n != self._counts[file_index]:
+            reader.close()
+            raise FileChangedError(self._paths[file_index],
+                                   f"{n} records now, {self._counts[file_index]} before")
           self._readers[file_index] = reader
     return reader
+
+  def _check_unchanged(self, file_index: int) -> None:
+    now = ondisk.file_id(self._paths[file_index])
+    if now != self._ids[file_index]:
+      raise FileChangedError(self._paths[file_index],
+                             _describe_change(self._ids[file_index], now))
+
+  def _read_file(self, file_index: int, local: list[int]) -> list[bytes]:
+    """One batched read from one file, checked for changes and corruption."""
+    reader = self._reader(file_index)
+    try:
+      records = reader.read(local)
+    except RuntimeError as e:
+      self._check_unchanged(file_index)  # A truncated file reads as corrupt.
+      raise self._corrupt(file_index, reader, local, e) from e
+    # Checked after the read: a file changed before or while reading never
+    # returns what was read from it.
+    self._check_unchanged(file_index)
+    return records
+
+  def _corrupt(self, file_index: int, reader, local: list[int],
+               error: RuntimeError) -> CorruptRecordError:
+    # Only on failure: find the first record of the batch that cannot be read.
+    for i in sorted(set(local)):
+      try:
+        reader.read([i])
+      except RuntimeError as e:
+        return CorruptRecordError(self._paths[file_index], i,
+                                  int(self._starts[file_index]) + i, str(e))
+    return CorruptRecordError(self._paths[file_index], None, None, str(error))
 
   def _normalize(self, indices) -> np.ndarray:
     idx = np.asarray(indices)
@@ -363,13 +454,13 @@ class ArrayRecordSource:
     file_ids = np.searchsorted(self._ends, idx, side="right")
     local = idx - self._starts[file_ids]
     if len(self._paths) == 1 or file_ids.min() == file_ids.max():
-      return self._reader(int(file_ids[0])).read(local.tolist())
+      return self._read_file(int(file_ids[0]), local.tolist())
     order = np.argsort(file_ids, kind="stable")
     sorted_ids = file_ids[order]
     bounds = np.flatnonzero(np.diff(sorted_ids)) + 1
     out = np.empty(n, dtype=object)
     for group in np.split(order, bounds):
-      records = self._reader(int(file_ids[group[0]])).read(local[group].tolist())
+      records = self._read_file(int(file_ids[group[0]]), local[group].tolist())
       # Filling an object array from a list of bytes keeps each bytes object.
       placed = np.empty(len(records), dtype=object)
       placed[:] = records

@@ -10,6 +10,7 @@ from typing import Any, Callable
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from converter import ConvertOptions, ConversionError, CorruptRecordError
+from converter.errors import Interrupted, root_cause_line
 from converter.tfrecord import COMPRESSIONS
 
 
@@ -89,12 +90,17 @@ def run_reporting_errors(prog: str, run: Callable[[], Any]) -> tuple[Any, int | 
   logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
   try:
     return run(), None
+  except Interrupted as e:
+    print(f"{prog}: {e}", file=sys.stderr)
+    return None, e.exit_code
+  except KeyboardInterrupt:
+    print(f"{prog}: interrupted; rerun with --skip-existing to resume", file=sys.stderr)
+    return None, Interrupted.exit_code
   except (ConversionError, ValueError, TypeError) as e:
-    # A corrupt record is found while converting: a failed run, not a usage error.
-    code = 1 if isinstance(e, CorruptRecordError) else 2
+    # Found while converting (corrupt record, disk full): a failed run (1), not a usage error (2).
+    code = getattr(e, "exit_code", 2)
     return None, fail(prog, str(e).split(" [while running")[0], code=code)
   except Exception as e:  # pylint: disable=broad-except
-    msg = user_error_from(e)
-    if msg is None:
-      raise
+    # The runner's own failure: its root cause in one line, not a Beam traceback.
+    msg = user_error_from(e) or root_cause_line(e)
     return None, fail(prog, msg.split(" [while running")[0], code=1)

@@ -17,6 +17,7 @@ import apache_beam as beam
 
 from converter import (expand_patterns, plan_shards,
                        read_manifest)
+from converter.guard import ConversionGuard
 from pipelines import build, cli, progress, workers
 
 PROG = "arrayrecord-convert"
@@ -66,7 +67,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
                      "(see --help) nor a Beam pipeline option.")
   options = cli.converter_options(args)
   files = expand_patterns(args.input)
-  plans = plan_shards(files, options)  # Checks outputs before any work starts.
+  guard = ConversionGuard(files, options)  # Checks, locks the output dir, plans: before any work.
+  plans = guard.plans
   todo = sum(p.action == "convert" for p in plans)
   shards = progress.shards(plans)
   local = workers.decide(args.workers, [s.size for s in shards], beam_args)
@@ -76,7 +78,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
           f"(writer options {options.writer_options!r}, runner "
           f"{opts.get_all_options()['runner']}, {local.mode})...", flush=True)
   start = time.monotonic()
-  with progress.watch(shards, quiet=args.quiet), \
+  with guard, progress.watch(shards, quiet=args.quiet), \
       beam.Pipeline(runner=local.runner(opts), options=opts) as p:
     build.add_conversion(p, options, files=files)
   manifest = read_manifest(options.output_dir)

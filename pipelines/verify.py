@@ -11,18 +11,19 @@ import argparse
 import concurrent.futures
 import dataclasses
 import os
-import shutil
 import sys
-import tempfile
-from typing import Sequence
+from typing import Any, Sequence
 
 from converter import (ConversionError, RecordDigest, TFRecordReader, common_dir, expand_patterns,
                        output_path, read_manifest)
 from converter import writer as _writer
+from converter.manifest import ManifestError, array_record_digest, manifest_path
 from pipelines import cli
 
 PROG = "arrayrecord-verify"
-_READ_BLOCK = 1024
+
+__all__ = ["ShardCheck", "array_record_digest", "check_manifest", "check_shard", "main",
+           "tfrecord_digest", "verify"]
 
 
 @dataclasses.dataclass
@@ -38,29 +39,6 @@ class ShardCheck:
   @property
   def ok(self) -> bool:
     return self.problem is None
-
-
-def array_record_digest(path: str) -> tuple[int, str]:
-  """Record count and digest of an ArrayRecord file (gs:// is copied locally first)."""
-  from array_record.python.array_record_module import ArrayRecordReader
-  local, tmp = path, None
-  if not _writer.is_local(path):
-    from apache_beam.io.filesystems import FileSystems
-    fd, tmp = tempfile.mkstemp(suffix=".array_record")
-    with os.fdopen(fd, "wb") as dst, FileSystems.open(path) as src:
-      shutil.copyfileobj(src, dst, 16 << 20)
-    local = tmp
-  try:
-    reader = ArrayRecordReader(local, "readahead_buffer_size:0")
-    n = reader.num_records()
-    digest = RecordDigest()
-    for start in range(0, n, _READ_BLOCK):
-      digest.update_many(reader.read(start, min(n, start + _READ_BLOCK)))
-    reader.close()
-    return n, digest.hexdigest()
-  finally:
-    if tmp:
-      os.remove(tmp)
 
 
 def tfrecord_digest(path: str, compression: str = "auto",
@@ -86,20 +64,38 @@ def check_shard(inp: str, out: str, expected: dict | None, compression: str,
     c.problem = f"record count differs: input {c.input_records}, output {c.output_records}"
   elif c.input_digest != c.output_digest:
     c.problem = "content differs (same count, different records or order)"
+  elif expected is not None and expected.get("status") == "failed":
+    c.problem = "the manifest lists this shard as failed, yet the file is complete; rerun " \
+        "the conversion with --skip-existing to update the manifest"
+  elif expected is not None and expected.get("records") != c.output_records:
+    c.problem = (f"the manifest says {expected.get('records')!r} records, the file has "
+                 f"{c.output_records}")
   elif expected is not None and expected.get("digest") not in (None, c.output_digest):
     c.problem = "output differs from the manifest's digest"
   return c
 
 
-def _manifest_outputs(manifest: dict, output_dir: str) -> dict[str, tuple[str, dict]]:
-  """{input: (its output under output_dir, manifest entry)}, even if the directory moved."""
-  base = manifest.get("output_dir", "").rstrip("/") + "/"
-  known = {}
-  for s in manifest.get("shards", []):
-    out = s.get("output") or ""
-    if s.get("input") and out.startswith(base):
-      known[s["input"]] = (output_dir.rstrip("/") + "/" + out[len(base):], s)
-  return known
+def _manifest_outputs(manifest: dict) -> dict[str, tuple[str, dict]]:
+  """{input: (its output, manifest entry)}; read_manifest resolved the paths."""
+  return {s["input"]: (s["output"], s) for s in manifest.get("shards", []) if s.get("input")}
+
+
+def check_manifest(manifest: dict[str, Any], output_dir: str) -> list[str]:
+  """Problems of the manifest itself: totals that disagree with its shards."""
+  path = manifest_path(output_dir)
+  shards = manifest.get("shards", [])
+  totals = manifest.get("totals")
+  if not isinstance(totals, dict):
+    return []  # A hand-written manifest may list shards only.
+  problems = []
+  ok = [s for s in shards if s.get("status") != "failed"]
+  sums = {"shards": len(shards), "records": sum(s.get("records") or 0 for s in ok),
+          "bytes_out": sum(s.get("bytes_out") or 0 for s in ok)}
+  for key, value in sums.items():
+    if key in totals and totals[key] != value:
+      problems.append(f"{path}: totals.{key} is {totals[key]!r} but its shards add up to "
+                      f"{value}; rerun the conversion with --skip-existing to rewrite it")
+  return problems
 
 
 def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
@@ -108,7 +104,7 @@ def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
   """Checks every input against its output; returns one ShardCheck per shard."""
   inputs = expand_patterns(patterns)
   root = common_dir(inputs)
-  known = _manifest_outputs(read_manifest(output_dir) or {}, output_dir)
+  known = _manifest_outputs(read_manifest(output_dir) or {})
   # The manifest knows where each input went, which naming alone cannot tell
   # when only some of the converted patterns are checked (another common dir).
   outputs = [known[i][0] if i in known else output_path(i, root, output_dir, suffix)
@@ -133,15 +129,20 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = p.parse_args(argv)
   try:
     checks = verify(args.input, args.output, args.compression, args.on_corrupt)
+    manifest_problems = check_manifest(read_manifest(args.output) or {}, args.output)
+  except ManifestError as e:
+    return cli.fail(PROG, str(e), code=1)  # The dataset is broken, not the command line.
   except (ConversionError, ValueError) as e:
     return cli.fail(PROG, str(e))
   bad = [c for c in checks if not c.ok]
   for c in checks:
     status = "OK  " if c.ok else "FAIL"
     print(f"{status} {c.output}  records={c.output_records}  {c.problem or c.output_digest}")
+  for problem in manifest_problems:
+    print(f"FAIL {problem}")
   total = sum(c.output_records or 0 for c in checks)
   print(f"{len(checks) - len(bad)}/{len(checks)} shard(s) match ({total:,} records).")
-  return 1 if bad else 0
+  return 1 if bad or manifest_problems else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,185 @@
+"""One local conversion run, made safe: checked up front, locked, and cleaned up.
+
+`ConversionGuard` does, before any work starts:
+  - refuses an output that is a file or cannot be written, inputs that are
+    not regular files, a --compression that does not fit the files, and free
+    space clearly below what the conversion needs, each in one line;
+  - takes the output directory's lock (one writer per directory), removes
+    temp files of dead runs, and plans the shards.
+Used as a context manager around the pipeline, it releases the lock, removes
+this run's temp files if the run fails, and turns Ctrl-C into `Interrupted`
+("interrupted; N of M shards complete; rerun with --skip-existing to resume").
+
+  guard = ConversionGuard(files, options)          # checks, lock, plan
+  with guard, beam.Pipeline(options=opts) as p:
+    ...
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import threading
+from typing import Callable, Sequence
+
+from converter import writer as _writer
+from converter.errors import CompressionMismatchError, Interrupted, OutputError, OutputLockedError
+from converter.options import ConvertOptions
+from converter.planning import ShardPlan, plan_shards
+from converter.tfrecord import detect_compression
+from loader import ondisk
+
+# Refuse a run whose output filesystem has less free space than this share of
+# the input bytes to convert: outputs are about as large as uncompressed inputs.
+MIN_FREE_SHARE = 0.5
+
+
+class ConversionGuard:
+  """Checks, locks and plans a conversion into a local or remote output directory.
+
+  Args:
+    inputs: The input files (already matched).
+    options: The conversion options.
+    plan: Makes the shard plans once the lock is held (default: plan_shards).
+
+  Raises:
+    OutputError, OutputLockedError, ConversionError: one line each, before any
+      work; nothing is left behind (a directory it created is removed).
+  """
+
+  def __init__(self, inputs: Sequence[str], options: ConvertOptions,
+               plan: Callable[[Sequence[str], ConvertOptions], list[ShardPlan]] = plan_shards):
+    self.options = options
+    self.output_dir = options.output_dir
+    self.local = _writer.is_local(self.output_dir)
+    self._created: list[str] = []
+    self._lock: ondisk.DirLock | None = None
+    self.interrupted = False
+    self._old_handler = None
+    try:
+      check_compression(inputs, options.compression)
+      if self.local:
+        self._prepare_local_output()
+      self.plans = list(plan(list(inputs), options))
+      if self.local:
+        check_free_space(self.output_dir, self.plans)
+    except BaseException:
+      self._release(failed=True)
+      raise
+
+  def _prepare_local_output(self) -> None:
+    out = self.output_dir
+    if os.path.exists(out) and not os.path.isdir(out):
+      raise OutputError(f"--output {out} is a file, not a directory; give a directory "
+                        "path (it is created if missing).")
+    missing = []
+    d = os.path.abspath(out)
+    while not os.path.exists(d):
+      missing.append(d)
+      d = os.path.dirname(d)
+    if not os.path.isdir(d):
+      raise OutputError(f"--output {out} cannot be created: {d} is a file, not a directory.")
+    try:
+      for m in reversed(missing):
+        os.mkdir(m)
+        self._created.append(m)
+      self._lock = ondisk.DirLock(out).acquire()
+    except ondisk.LockedError as e:
+      raise OutputLockedError(str(e)) from None
+    except OSError as e:
+      raise OutputError(
+          f"Cannot write to the output directory {out} ({_writer.os_reason(e)}); choose a "
+          "writable --output, or fix its permissions or mount.") from None
+    ondisk.remove_stale_temps(out)
+
+  def complete_shards(self) -> int:
+    """Shards whose output is in place now: kept ones and those published by this run."""
+    done = 0
+    for p in self.plans:
+      if p.action == "keep":
+        done += 1
+      elif self.local:
+        now = ondisk.file_id(p.output)
+        done += now is not None and now != p.replaces
+    return done
+
+  def __enter__(self) -> ConversionGuard:
+    if threading.current_thread() is threading.main_thread():
+      # Beam turns a KeyboardInterrupt raised inside a DoFn into a RuntimeError;
+      # note the signal itself so any form of it reads as an interruption.
+      self._old_handler = signal.getsignal(signal.SIGINT)
+      if self._old_handler is signal.default_int_handler:
+        signal.signal(signal.SIGINT, self._on_sigint)
+      else:
+        self._old_handler = None
+    return self
+
+  def _on_sigint(self, signum, frame):
+    self.interrupted = True
+    raise KeyboardInterrupt
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    if self._old_handler is not None:
+      signal.signal(signal.SIGINT, self._old_handler)
+      self._old_handler = None
+    failed = exc_type is not None
+    interrupted = self.interrupted or (exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
+    self._release(failed=failed)
+    if interrupted:
+      raise Interrupted(self.complete_shards(), len(self.plans)) from None
+
+  def _release(self, failed: bool) -> None:
+    if failed and self.local and os.path.isdir(self.output_dir):
+      # This run's temp files (a Ctrl-C can stop a writer before its cleanup).
+      ondisk.remove_stale_temps(self.output_dir, also_own=True)
+    if self._lock is not None:
+      self._lock.release()
+      self._lock = None
+    if failed:
+      for d in reversed(self._created):
+        try:
+          os.rmdir(d)  # Only if still empty: never remove anything written.
+        except OSError:
+          break
+      self._created = []
+
+
+def check_compression(inputs: Sequence[str], compression: str) -> None:
+  """Refuses a forced compression that the local inputs' first bytes contradict."""
+  if compression == "auto":
+    return
+  for path in inputs:
+    if not _writer.is_local(path) or not os.path.isfile(path):
+      continue  # Checked when read; never open a FIFO here.
+    with open(path, "rb") as f:
+      head = f.read(64)
+    if not head:
+      continue
+    found = detect_compression(head)
+    if found != compression and (compression != "none" or found in ("gzip", "zlib")):
+      raise CompressionMismatchError(path, compression, found)
+
+
+def check_free_space(output_dir: str, plans: Sequence[ShardPlan]) -> None:
+  """Refuses a run whose output filesystem clearly cannot hold the outputs."""
+  needed = 0
+  for p in plans:
+    if p.action == "convert" and _writer.is_local(p.input):
+      try:
+        needed += os.path.getsize(p.input)
+      except OSError:
+        pass
+  try:
+    free = shutil.disk_usage(output_dir).free
+  except OSError as e:
+    if e.errno in (errno.ENOSYS, errno.ENOTSUP):
+      return
+    raise
+  if free < needed * MIN_FREE_SHARE:
+    raise OutputError(
+        f"Not enough free space for {output_dir}: {free / 1e6:.1f} MB free, but the "
+        f"{sum(p.action == 'convert' for p in plans)} input file(s) to convert hold "
+        f"{needed / 1e6:.1f} MB and the outputs are about as large. Free space or choose "
+        "another --output.")

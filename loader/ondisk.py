@@ -1,0 +1,490 @@
+"""The on-disk format of a converted dataset, in one stdlib-only place.
+
+A dataset directory holds ArrayRecord shards and `manifest.json`. The
+converter writes it, `arrayrecord-verify` checks it and `ArrayRecordSource`
+reads it; all three use this module, which imports only the standard library
+(the converter and the pipelines import it; it never imports them):
+
+- the manifest: its name, a validating parser and a writer. Shard paths are
+  stored relative to the dataset directory (absolute only for files elsewhere),
+  so a copied or moved dataset reads its own files;
+- path helpers for local paths and URIs (gs://...);
+- crash-safe local writes: a hidden temp file beside the final one whose name
+  carries its owner (pid, process start, host), so a later run can tell a dead
+  run's leftovers from a live run's work, and a publish step that never
+  replaces a file it did not expect to replace;
+- `DirLock`, the one-writer-per-output-directory lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import errno
+import json
+import os
+import posixpath
+import re
+import secrets
+import socket
+from typing import Any, Iterable
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "arrayrecord-toolkit/manifest"
+# Version 2 stores shard paths relative to the dataset directory; version 1
+# (absolute paths) is still read.
+MANIFEST_VERSION = 2
+LOCK_NAME = ".arrayrecord-toolkit.lock"
+STATUSES = ("converted", "existing", "failed")
+
+
+class ManifestError(ValueError):
+  """A manifest that cannot be used; the message names the file and what to do."""
+
+
+# ---------------------------------------------------------------- paths
+
+_URI_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*://)(.*)$")
+
+
+def split_uri(path: str) -> tuple[str, str]:
+  """Splits `gs://b/x/y` into (`gs://`, `b/x/y`); local paths get an empty scheme."""
+  m = _URI_RE.match(path)
+  return (m.group(1), m.group(2)) if m else ("", path)
+
+
+def is_local(path: str) -> bool:
+  return split_uri(path)[0] == ""
+
+
+def join(directory: str, name: str) -> str:
+  """`directory/name` for local paths and URIs alike."""
+  if is_local(directory):
+    return os.path.join(directory, name)
+  return directory.rstrip("/") + "/" + name
+
+
+def _absolute(path: str) -> str:
+  return os.path.abspath(path) if is_local(path) else path.rstrip("/")
+
+
+def to_stored(directory: str, path: str) -> str:
+  """How a manifest stores `path`: relative to `directory` if inside it, else as is."""
+  base, full = _absolute(directory), _absolute(path)
+  if split_uri(base)[0] != split_uri(full)[0]:
+    return path
+  if is_local(full):
+    rel = os.path.relpath(full, base)
+    return path if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+  prefix = base + "/"
+  return full[len(prefix):] if full.startswith(prefix) else path
+
+
+def resolve(directory: str, stored: str) -> str:
+  """The full path of a manifest path: relative ones are under `directory`."""
+  if not is_local(stored) or os.path.isabs(stored):
+    return stored
+  return join(directory, stored)
+
+
+def manifest_path(directory: str) -> str:
+  return join(directory, MANIFEST_NAME)
+
+
+# ---------------------------------------------------------------- manifest
+
+
+def parse_manifest(data: bytes | str, path: str) -> dict[str, Any]:
+  """The manifest in `data` (read from `path`), checked; paths stay as stored.
+
+  Only `shards` (a list of {output, records, status}) is required, so a
+  hand-written manifest that names its shards works; a `format` other than
+  ours is refused.
+
+  Raises:
+    ManifestError: naming `path` and what is wrong.
+  """
+  redo = "rewrite it, or delete it and rerun the conversion with --skip-existing"
+  try:
+    manifest = json.loads(data)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ManifestError(f"{path} is not valid JSON ({e}); {redo}.") from None
+  if not isinstance(manifest, dict):
+    raise ManifestError(f"{path} holds a JSON {type(manifest).__name__}, not a manifest "
+                        f"object; {redo}.")
+  fmt = manifest.get("format", MANIFEST_FORMAT)
+  if fmt != MANIFEST_FORMAT:
+    raise ManifestError(f"{path} is not an arrayrecord-toolkit manifest (format={fmt!r}, "
+                        f"expected {MANIFEST_FORMAT!r}); move it out of the dataset directory.")
+  shards = manifest.get("shards")
+  if not isinstance(shards, list):
+    raise ManifestError(f"{path} has no 'shards' list; {redo}.")
+  for i, s in enumerate(shards):
+    if not isinstance(s, dict) or not isinstance(s.get("output"), str) or not s["output"]:
+      raise ManifestError(f"{path}: shard {i} needs 'output' (a path), got {s!r}; {redo}.")
+    status = s.get("status", "converted")
+    if status not in STATUSES:
+      raise ManifestError(f"{path}: shard {i} ({s['output']}) has status {status!r}, expected "
+                          f"one of {STATUSES}; {redo}.")
+    records = s.get("records")
+    ok_records = isinstance(records, int) and not isinstance(records, bool) and records >= 0
+    if status != "failed" and not ok_records:
+      raise ManifestError(f"{path}: shard {i} ({s['output']}) needs 'records' (an int >= 0), "
+                          f"got {records!r}; {redo}.")
+  return manifest
+
+
+def read_manifest(directory: str) -> dict[str, Any] | None:
+  """The checked manifest of a local dataset directory, or None if it has none."""
+  path = manifest_path(directory)
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except FileNotFoundError:
+    return None
+  except OSError as e:
+    raise ManifestError(f"{path} cannot be read ({e}).") from None
+  return parse_manifest(data, path)
+
+
+def dump_manifest(manifest: dict[str, Any]) -> bytes:
+  return json.dumps(manifest, indent=1).encode()
+
+
+def build_manifest(results: Iterable[dict[str, Any]], *, output_dir: str,
+                   writer_options: str) -> dict[str, Any]:
+  """A manifest for per-shard results whose paths are full; stores them relative."""
+  shards = sorted(results, key=lambda r: r["output"])
+  ok = [r for r in shards if r["status"] != "failed"]
+
+  def total(key, rows):
+    return sum(r.get(key) or 0 for r in rows)
+
+  stored = []
+  for r in shards:
+    entry = dict(r)
+    for key in ("input", "output"):
+      if isinstance(entry.get(key), str):
+        entry[key] = to_stored(output_dir, entry[key])
+    stored.append(entry)
+  return {
+      "format": MANIFEST_FORMAT,
+      "version": MANIFEST_VERSION,
+      "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "output_dir": output_dir,
+      "writer_options": writer_options,
+      "totals": {
+          "shards": len(shards),
+          "converted": sum(r["status"] == "converted" for r in shards),
+          "existing": sum(r["status"] == "existing" for r in shards),
+          "failed": sum(r["status"] == "failed" for r in shards),
+          "records": total("records", ok),
+          "bytes_in": total("bytes_in", ok),
+          "bytes_out": total("bytes_out", ok),
+          "corrupt_records_skipped": total("corrupt_records_skipped", shards),
+      },
+      "shards": stored,
+  }
+
+
+def resolved_shards(manifest: dict[str, Any], directory: str) -> list[dict[str, Any]]:
+  """The manifest's shard entries with `input` and `output` as full paths.
+
+  Version 1 manifests stored absolute paths; one inside the manifest's own
+  `output_dir` is re-based onto `directory`, so a copied dataset still names
+  its own files.
+  """
+  old_base = manifest.get("output_dir") if manifest.get("version", 1) < 2 else None
+  out = []
+  for s in manifest["shards"]:
+    entry = dict(s)
+    for key in ("input", "output"):
+      value = entry.get(key)
+      if not isinstance(value, str):
+        continue
+      if isinstance(old_base, str) and old_base:
+        rel = to_stored(old_base, value)
+        if rel != value:
+          value = rel
+      entry[key] = resolve(directory, value)
+    out.append(entry)
+  return out
+
+
+# ---------------------------------------------------------------- owners
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+  """A process, told apart from a later one that reuses its pid by its start time."""
+
+  pid: int
+  start: int  # Clock ticks after boot (Linux /proc); 0 where unknown.
+  host: str
+
+
+def _process_start(pid: int) -> int | None:
+  """The start time of `pid` in clock ticks; 0 if unknown here; None if it is gone."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      stat = f.read()
+  except FileNotFoundError:
+    return None
+  except OSError:
+    return 0
+  # The command name (field 2) may hold spaces and parentheses: split after it.
+  fields = stat[stat.rindex(b")") + 2:].split()
+  if fields[0] == b"Z":  # A zombie has exited.
+    return None
+  return int(fields[19])
+
+
+def _hostname() -> str:
+  # Part of file names: keep it short and free of separators.
+  return re.sub(r"[^A-Za-z0-9.\-]", "_", socket.gethostname())[:63] or "localhost"
+
+
+def this_process() -> Owner:
+  pid = os.getpid()
+  return Owner(pid=pid, start=_process_start(pid) or 0, host=_hostname())
+
+
+def is_alive(owner: Owner) -> bool | None:
+  """Whether `owner` still runs; None when it runs on another host (unknowable here)."""
+  if owner.host != _hostname():
+    return None
+  try:
+    os.kill(owner.pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass  # Exists, owned by another user.
+  start = _process_start(owner.pid)
+  if start is None:
+    return False
+  return not (owner.start and start and start != owner.start)  # Else the pid was reused.
+
+
+# ---------------------------------------------------------------- temp files
+
+_TEMP_RE = re.compile(r"^\.(?P<base>.+)\.tmp-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]+@(?P<host>[^/@]+)$")
+
+
+def temp_name(final_path: str, owner: Owner | None = None) -> str:
+  """A hidden path beside `final_path` whose name records the owning process."""
+  o = owner or this_process()
+  head, tail = posixpath.split(final_path) if not is_local(final_path) else os.path.split(final_path)
+  name = f".{tail}.tmp-{o.pid}-{o.start}-{secrets.token_hex(4)}@{o.host}"
+  return join(head, name) if head else name
+
+
+def parse_temp_name(name: str) -> tuple[str, Owner] | None:
+  """(final basename, owner) of a temp file name made by temp_name, else None."""
+  m = _TEMP_RE.match(name)
+  if not m:
+    return None
+  return m.group("base"), Owner(int(m.group("pid")), int(m.group("start")), m.group("host"))
+
+
+def temp_files(directory: str) -> list[tuple[str, Owner]]:
+  """Temp files under a local directory (recursively), with their owners."""
+  found = []
+  for root, dirs, files in os.walk(directory):
+    dirs[:] = [d for d in dirs if not d.startswith(".")]
+    for name in files:
+      parsed = parse_temp_name(name)
+      if parsed:
+        found.append((os.path.join(root, name), parsed[1]))
+  return found
+
+
+def remove_stale_temps(directory: str, *, also_own: bool = False) -> list[str]:
+  """Removes temp files of dead processes on this host; returns their paths.
+
+  A temp file whose owner still runs, or runs on another host, is kept: it may
+  be a live run's work. `also_own` also removes this process's temp files
+  (after an interrupted run).
+  """
+  me = this_process()
+  removed = []
+  for path, owner in temp_files(directory):
+    if is_alive(owner) is False or (also_own and owner == me):
+      try:
+        os.remove(path)
+        removed.append(path)
+      except FileNotFoundError:
+        pass
+  return removed
+
+
+# ---------------------------------------------------------------- publishing
+
+REPLACE_ANY = "any"
+
+
+def file_id(path: str) -> tuple[int, int, int, int] | None:
+  """Identity of a local file (device, inode, size, mtime); None if missing."""
+  try:
+    st = os.stat(path)
+  except FileNotFoundError:
+    return None
+  return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class ClobberError(FileExistsError):
+  """The final name changed after planning: another writer published there."""
+
+  def __init__(self, path: str):
+    super().__init__(
+        errno.EEXIST,
+        f"{path} was written by another process while this run was converting; nothing "
+        "was replaced. Make sure only one conversion writes to this directory, then rerun "
+        "with --skip-existing")
+    self.path = path
+
+  def __str__(self) -> str:
+    return self.strerror
+
+
+def publish_local(tmp: str, final: str, expect: Any = REPLACE_ANY) -> None:
+  """Moves a finished temp file to `final` without clobbering another writer's file.
+
+  Args:
+    tmp: The finished file, on the same filesystem as `final`.
+    final: The name it gets.
+    expect: None: `final` must not exist (linked, so it is never replaced);
+      a file_id(): `final` must still be that file; REPLACE_ANY: replace it.
+
+  Raises:
+    ClobberError: `final` is not what `expect` says; `tmp` is left in place.
+  """
+  if expect is None:
+    try:
+      os.link(tmp, final)
+    except FileExistsError:
+      raise ClobberError(final) from None
+    except OSError as e:
+      if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+        raise
+      # No hard links here (e.g. some FUSE and SMB mounts): rename after a check.
+      if os.path.lexists(final):
+        raise ClobberError(final) from None
+      os.rename(tmp, final)
+      return
+    os.remove(tmp)
+    return
+  if expect != REPLACE_ANY and file_id(final) != tuple(expect):
+    raise ClobberError(final)
+  os.replace(tmp, final)
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+  """Writes a small local file so that readers see the old or the new content, never a part."""
+  tmp = temp_name(os.path.abspath(path))
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+# ---------------------------------------------------------------- lock
+
+
+class LockedError(RuntimeError):
+  """Another live process holds the directory's lock."""
+
+  def __init__(self, directory: str, lock_path: str, holder: dict[str, Any] | None):
+    self.directory, self.lock_path, self.holder = directory, lock_path, holder
+    if holder:
+      who = (f"pid {holder.get('pid')} on host {holder.get('host')}, started "
+             f"{holder.get('started')}")
+      stop = f"stop it (`kill {holder.get('pid')}` on {holder.get('host')})"
+    else:
+      who, stop = "a process that has not written its details yet", "stop it"
+    super().__init__(
+        f"{directory} is being written by another conversion ({who}); wait for it to "
+        f"finish. If that run is stuck, {stop}: the lock ({lock_path}) is released when "
+        "its process exits, so a lock left by a killed run never blocks.")
+
+
+class DirLock:
+  """An exclusive lock on a local output directory, held by one process at a time.
+
+  It is an advisory `flock` on a hidden file in the directory, so the kernel
+  drops it when the holder exits, however it exits: a dead run never leaves a
+  lock that blocks. The file records the holder (pid, host, start time) for
+  the message the next writer gets; it is removed on release.
+  """
+
+  def __init__(self, directory: str):
+    self.directory = directory
+    self.path = os.path.join(directory, LOCK_NAME)
+    self._fd: int | None = None
+
+  def acquire(self) -> DirLock:
+    import fcntl  # pylint: disable=g-import-not-at-top  # POSIX only; imported where needed.
+    while True:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        holder = _read_holder(fd)
+        os.close(fd)
+        raise LockedError(self.directory, self.path, holder) from None
+      except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.ENOLCK, errno.ENOTSUP, errno.EOPNOTSUPP):
+          return self  # No locks on this filesystem: run unlocked.
+        raise
+      # The holder before us may have removed the file after we opened it:
+      # then we locked a deleted file; start again on the current one.
+      try:
+        held, current = os.fstat(fd), os.stat(self.path)
+        if (held.st_dev, held.st_ino) == (current.st_dev, current.st_ino):
+          break
+      except FileNotFoundError:
+        pass
+      os.close(fd)
+    me = this_process()
+    info = {"pid": me.pid, "host": me.host, "process_start": me.start,
+            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(info).encode())
+    self._fd = fd
+    return self
+
+  def release(self) -> None:
+    if self._fd is None:
+      return
+    try:
+      os.remove(self.path)  # Under the lock, so nobody else is holding it.
+    except FileNotFoundError:
+      pass
+    os.close(self._fd)  # Drops the flock.
+    self._fd = None
+
+  def __enter__(self) -> DirLock:
+    return self.acquire()
+
+  def __del__(self):
+    # A run that fails between taking the lock and its `with` block must not
+    # keep the directory locked for the rest of a long-lived process.
+    if getattr(self, "_fd", None) is not None:
+      self.release()
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+
+def _read_holder(fd: int) -> dict[str, Any] | None:
+  try:
+    data = os.pread(fd, 4096, 0)
+    holder = json.loads(data)
+    return holder if isinstance(holder, dict) else None
+  except (OSError, ValueError):
+    return None
