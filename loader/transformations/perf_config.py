@@ -4,7 +4,8 @@ Grain samples the whole pipeline (starting its worker processes) and sizes
 everything by element size alone. We sample only the random-access part that
 `mp_prefetch` parallelises, computing a few elements in this process, and
 budget memory the way our workers use it: each worker holds
-`per_worker_buffer_size + 1` chunks of elements, so a tight budget first gets
+`per_worker_buffer_size + 1` chunks of elements, sized as the engine sizes
+them from the measured element bytes and compute time. A tight budget first gets
 smaller chunks (`MultiprocessingOptions.chunk_size`), and fewer workers only
 when single-element chunks do not fit. Workers are capped by the
 cores this process may run on (its CPU affinity, which containers restrict),
@@ -20,6 +21,7 @@ import dataclasses
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ from loader import options as options_lib
 _log = logging.getLogger(__name__)
 _MB = 1 << 20
 _DEFAULT_MAX_BUFFER_SIZE = 1000  # Grain's.
+_RAMP_CALLS = 12
 
 
 @dataclasses.dataclass(slots=True)
@@ -80,6 +83,16 @@ def _sample(ds: map_lib.MapDataset, count: int) -> list[Any]:
   return [x for x in elements if x is not None][:count]
 
 
+def _steady_chunk_elements(ds: map_lib.MapDataset, samples: list[Any], seconds: float, workers: int) -> int:
+  """The chunk size the engine settles on for `ds`, from the measured samples."""
+  sizer = engine.ChunkSizer(ds, None, parallelism=max(1, workers))
+  sizer.observe(samples, seconds)
+  size = 1
+  for _ in range(_RAMP_CALLS):  # Chunks start small and grow; take the plateau.
+    size = sizer.size(0)
+  return size
+
+
 def pick_performance_config(ds: Any, *, ram_budget_mb: int | None, max_workers: int | None,
                             max_buffer_size: int | None, samples_to_check: int = 5) -> PerformanceConfig:
   """Picks `mp_prefetch` workers and a read buffer that fit `ram_budget_mb`.
@@ -111,10 +124,12 @@ def pick_performance_config(ds: Any, *, ram_budget_mb: int | None, max_workers: 
     return PerformanceConfig(options_lib.MultiprocessingOptions(num_workers=0),
                              options_lib.ReadOptions(prefetch_buffer_size=max_buffer_size))
 
-  num_workers, buffer_size, chunk_size = max_workers, max_buffer_size, None
+  num_workers, buffer_size, chunk_records = max_workers, max_buffer_size, None
   for part in parts if ram_budget_mb is not None else ():
     map_ds = part.map_dataset
+    started = time.perf_counter()
     samples = _sample(map_ds, samples_to_check)
+    seconds = time.perf_counter() - started
     if not samples:
       _log.warning("pick_performance_config: no elements to sample in %r; using the maxima.", map_ds)
       continue
@@ -125,14 +140,15 @@ def pick_performance_config(ds: Any, *, ram_budget_mb: int | None, max_workers: 
     # consumer holds about as much again while it reassembles them. Smaller
     # chunks fit a tight budget without giving up workers.
     per_chunk_element = 2 * (per_worker_buffer + 1) * element
-    sizer = engine.ChunkSizer(map_ds, None)
-    sizer.observe(samples)
-    if num_workers and num_workers * sizer.size * per_chunk_element > budget:
+    chunk = _steady_chunk_elements(map_ds, samples, seconds, num_workers)
+    if num_workers and num_workers * chunk * per_chunk_element > budget:
       fit = int(budget / (num_workers * per_chunk_element))
-      chunk_size = min(chunk_size or sizer.size, max(1, fit))
       if fit < 1:
-        num_workers = int(budget / per_chunk_element)
+        num_workers, fit = int(budget / per_chunk_element), 1
+      # chunk_size counts source records, like the engine's other chunk sizes.
+      records = fit * map_ds._records_per_element  # pylint: disable=protected-access
+      chunk_records = records if chunk_records is None else min(chunk_records, records)
   return PerformanceConfig(
       multiprocessing_options=options_lib.MultiprocessingOptions(num_workers=max(0, num_workers),
-                                                                 chunk_size=chunk_size),
+                                                                 chunk_size=chunk_records),
       read_options=options_lib.ReadOptions(prefetch_buffer_size=max(0, buffer_size)))
