@@ -14,8 +14,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import math
+import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
@@ -33,7 +34,15 @@ T = TypeVar("T")
 # measured on 8 x 25k records, 2048/4096/8192 records per call gave about
 # 57k/74k/92k records/s in process.
 _TARGET_RECORDS_PER_CHUNK = 8192
-_FIRST_CHUNK_RECORDS = 256  # Until element sizes are known, and for a fast first element.
+# The first chunk is small so the first element arrives fast and huge
+# elements cannot blow up memory before their size is known; sizes then grow
+# geometrically to the target.
+_FIRST_CHUNK_RECORDS = 64
+_RAMP_FACTOR = 4
+# A chunk should take about this long to compute: long enough to amortise a
+# worker round trip (~1 ms), short enough that a slow map spreads evenly over
+# workers and the next batches never wait behind one big chunk.
+_TARGET_CHUNK_SECONDS = 0.05
 _MAX_CHUNK_BYTES = 32 << 20
 
 
@@ -56,30 +65,53 @@ def _estimate_nbytes(x: Any, depth: int = 0) -> int:
 
 
 class ChunkSizer:
-  """Elements per batched call: ~8192 source records, capped at ~32 MiB.
+  """How many elements the next batched call computes.
 
-  The first chunk is small (~256 records) so the first element arrives fast and
-  huge elements cannot blow up memory before their size is known; then the
-  size grows to the target, capped by the observed element size. Chunk
-  boundaries never change which elements are produced, only how many are
-  computed per call, so adapting them keeps iteration deterministic.
+  The size is the smallest of: ~8192 source records (read amortisation),
+  ~50 ms of measured compute (so slow maps give small chunks that keep every
+  worker busy and batches flowing), ~32 MiB of measured element bytes, and,
+  with `parallelism` consumers of chunks, half a fair share of what is left
+  (so a small dataset still reaches every worker). It starts at ~64 records
+  and grows 4x per chunk. A fixed `chunk_size` (in source records, whatever
+  stage a batch is on) overrides all of that. Chunk boundaries never change
+  which elements are produced, so adapting them keeps iteration deterministic.
   """
 
-  def __init__(self, ds: map_dataset_lib.MapDataset, fixed: int | None):
-    self._fixed = fixed
+  def __init__(self, ds: map_dataset_lib.MapDataset, fixed_records: int | None, *, parallelism: int = 1):
+    self._len = len(ds)
+    self._fixed = None if fixed_records is None else _elements_for(ds, fixed_records)
     self._target = _elements_for(ds, _TARGET_RECORDS_PER_CHUNK)
-    self.size = fixed or min(self._target, _elements_for(ds, _FIRST_CHUNK_RECORDS))
-    self._observed = fixed is not None
+    self._ramp = min(self._target, _elements_for(ds, _FIRST_CHUNK_RECORDS))
+    self._parallelism = max(1, parallelism)
+    self._seconds_per_element: float | None = None
+    self._bytes_cap: int | None = None
 
-  def observe(self, elements: list[Any]) -> None:
-    if self._observed or not elements:
+  def size(self, start: int) -> int:
+    """Elements in the chunk starting at position `start`."""
+    if self._fixed is not None:
+      return self._fixed
+    size = min(self._ramp, self._target)
+    self._ramp = min(self._target, self._ramp * _RAMP_FACTOR)
+    if self._seconds_per_element:
+      size = min(size, max(1, int(_TARGET_CHUNK_SECONDS / self._seconds_per_element)))
+    if self._bytes_cap is not None:
+      size = min(size, self._bytes_cap)
+    if self._parallelism > 1 and self._len < (1 << 62):
+      size = min(size, max(1, (self._len - start) // (2 * self._parallelism)))
+    return max(1, size)
+
+  def observe(self, elements: list[Any], seconds: float | None = None) -> None:
+    """Learns element cost and size from a computed chunk."""
+    if not elements:
       return
-    sample = next((x for x in elements if x is not None), None)
-    if sample is None:
-      return  # All filtered out; look again at the next chunk.
-    self._observed = True
-    per = max(1, _estimate_nbytes(sample))
-    self.size = max(1, min(self._target, _MAX_CHUNK_BYTES // per))
+    if seconds is not None and seconds > 0:
+      per = seconds / len(elements)
+      old = self._seconds_per_element
+      self._seconds_per_element = per if old is None else 0.7 * old + 0.3 * per
+    if self._bytes_cap is None:
+      sample = next((x for x in elements if x is not None), None)
+      if sample is not None:
+        self._bytes_cap = max(1, _MAX_CHUNK_BYTES // max(1, _estimate_nbytes(sample)))
 
 
 def compute_chunk(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tuple[list[Any], Exception | None]:
@@ -105,6 +137,14 @@ def compute_chunk(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tupl
     except Exception as e:  # pylint: disable=broad-except
       return elements, e
   return elements, None
+
+
+def timed_compute_chunk(ds: map_dataset_lib.MapDataset, start: int,
+                        stop: int) -> tuple[list[Any], Exception | None, float]:
+  """`compute_chunk` plus the seconds it took (for chunk sizing)."""
+  t0 = time.perf_counter()
+  elements, error = compute_chunk(ds, start, stop)
+  return elements, error, time.perf_counter() - t0
 
 
 # A chunk as producers hand it out: (start, elements, error or None).
@@ -140,9 +180,9 @@ class SyncChunkProducer:
     start = self._next
     if start >= self._len:
       return None
-    stop = min(start + self._sizer.size, self._len)
-    elements, error = compute_chunk(self._ds, start, stop)
-    self._sizer.observe(elements)
+    stop = min(start + self._sizer.size(start), self._len)
+    elements, error, seconds = timed_compute_chunk(self._ds, start, stop)
+    self._sizer.observe(elements, seconds)
     self._next = start + len(elements)
     return start, elements, error
 
@@ -150,44 +190,60 @@ class SyncChunkProducer:
     pass
 
 
+def reading_threads(num_threads: int) -> int:
+  """Threads worth running: more than the cores only contend for the GIL."""
+  return max(1, min(num_threads, os.cpu_count() or 1))
+
+
 class ThreadChunkProducer:
-  """Computes chunks ahead in a thread pool; hands them out in order."""
+  """Computes chunks ahead in a thread pool; hands them out in order.
+
+  Reads release the GIL, so on several cores chunks are read in parallel;
+  on any machine the computation overlaps with the consumer's work (a
+  training step). At most `threads + 1` chunks are in flight, and at most
+  about `buffer_size` elements beyond the first chunk.
+  """
 
   def __init__(self, ds: map_dataset_lib.MapDataset, chunk_size: int | None, num_threads: int, buffer_size: int):
     self._ds = ds
     self._len = len(ds)
-    self._sizer = ChunkSizer(ds, chunk_size)
-    self._num_threads = num_threads
-    self._buffer_size = buffer_size
+    self._threads = reading_threads(num_threads)
+    self._sizer = ChunkSizer(ds, chunk_size, parallelism=self._threads)
+    self._buffer_size = max(1, buffer_size)
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-    self._pending: collections.deque[tuple[int, concurrent.futures.Future]] = collections.deque()
+    self._pending: collections.deque[tuple[int, int, concurrent.futures.Future]] = collections.deque()
     self._next_submit = 0
     self._finalizer: weakref.finalize | None = None
 
   def reset(self, start: int) -> None:
-    for _, fut in self._pending:
+    for _, _, fut in self._pending:
       fut.cancel()
     self._pending.clear()
     self._next_submit = start
 
+  def start(self) -> None:
+    if self._pool is None:
+      self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="loader-read")
+      self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+    self._top_up()
+
   def _top_up(self) -> None:
-    window = max(self._num_threads, math.ceil(self._buffer_size / self._sizer.size))
-    while len(self._pending) < window and self._next_submit < self._len:
+    in_flight = sum(stop - start for start, stop, _ in self._pending)
+    while (len(self._pending) <= self._threads and self._next_submit < self._len
+           and (not self._pending or in_flight < self._buffer_size)):
       start = self._next_submit
-      stop = min(start + self._sizer.size, self._len)
-      self._pending.append((start, self._pool.submit(compute_chunk, self._ds, start, stop)))
+      stop = min(start + self._sizer.size(start), self._len)
+      self._pending.append((start, stop, self._pool.submit(timed_compute_chunk, self._ds, start, stop)))
+      in_flight += stop - start
       self._next_submit = stop
 
   def next_chunk(self) -> Chunk | None:
-    if self._pool is None:
-      self._pool = concurrent.futures.ThreadPoolExecutor(self._num_threads, thread_name_prefix="loader-read")
-      self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
-    self._top_up()
+    self.start()
     if not self._pending:
       return None
-    start, fut = self._pending.popleft()
-    elements, error = fut.result()
-    self._sizer.observe(elements)
+    start, _, fut = self._pending.popleft()
+    elements, error, seconds = fut.result()
+    self._sizer.observe(elements, seconds)
     if error is not None:
       self.reset(start + len(elements))  # Later chunks restart after a retry.
     else:

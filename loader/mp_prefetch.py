@@ -18,15 +18,18 @@ only a killed worker can have left behind.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
 import secrets
 import signal
+import sys
 import threading
 import time
 import traceback
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +43,7 @@ from loader import options as options_lib
 _PARENT_POLL_S = 0.5
 # Grain's default for mp_prefetch() without options.
 _DEFAULT_NUM_WORKERS = 10
+_LOCAL = -1  # Chunk computed by the parent itself.
 _STOP_GRACE_S = 1.0
 
 
@@ -109,7 +113,7 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
       outstanding.difference_update(released)
     seq += 1
     name = f"{shm_prefix}{worker_index}_{seq}"
-    elements, error = engine.compute_chunk(ds, start, stop)
+    elements, error, seconds = engine.timed_compute_chunk(ds, start, stop)
     try:
       with lock:
         desc = ipc.encode(elements, name)
@@ -121,7 +125,7 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
     del elements
     failure = None if error is None else _describe(error)
     try:
-      conn.send(("ok", gen, chunk_id, desc, failure))
+      conn.send(("ok", gen, chunk_id, desc, failure, seconds))
     except (BrokenPipeError, OSError):
       orphaned()
   conn.close()
@@ -168,8 +172,39 @@ def _shutdown(procs: list, conns: list, shm_prefix: str) -> None:
   ipc.sweep(shm_prefix)
 
 
+@contextlib.contextmanager
+def _without_main_module():
+  """Spawned children do not re-import the script that started them.
+
+  'spawn' normally runs the parent's `__main__` again in every worker: slow
+  when the script imports JAX at top level, and fatal for a script without an
+  `if __name__ == "__main__":` guard (the child would start workers itself).
+  The pipeline travels with cloudpickle, which carries functions and classes
+  defined in `__main__` by value, so the workers do not need the script.
+  """
+  main = sys.modules.get("__main__")
+  sys.modules["__main__"] = types.ModuleType("__main__")
+  # Children inherit a blocked SIGINT, so a Ctrl-C while they start cannot
+  # kill them before they ignore it; the parent gets it when unblocked.
+  blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+  try:
+    yield
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    if main is None:
+      del sys.modules["__main__"]
+    else:
+      sys.modules["__main__"] = main
+
+
 class MultiprocessChunkProducer:
-  """Hands out chunks of a MapDataset computed by worker processes, in order."""
+  """Hands out chunks of a MapDataset computed by worker processes, in order.
+
+  Each chunk goes to the worker with the least work outstanding; the consumer
+  takes chunks in position order, so assignment never changes the stream.
+  While the workers start, the parent computes the first (small) chunk
+  itself, unless a `worker_init_fn` must run before any element.
+  """
 
   def __init__(self, ds: map_lib.MapDataset, options: options_lib.MultiprocessingOptions,
                worker_init_fn: Callable[[int, int], None] | None):
@@ -177,13 +212,15 @@ class MultiprocessChunkProducer:
     self._len = len(ds)
     self._num_workers = options.num_workers
     self._in_flight = options.per_worker_buffer_size + 1  # One computing, rest buffered.
-    self._sizer = engine.ChunkSizer(ds, options.chunk_size)
+    self._sizer = engine.ChunkSizer(ds, options.chunk_size, parallelism=self._num_workers)
     self._worker_init_fn = worker_init_fn
     self._procs: list[Any] = []
     self._conns: list[Any] = []
     self._prefix = f"arl{os.getpid()}_{secrets.token_hex(3)}_"
     self._gen = 0
-    self._chunks: dict[int, tuple[int, int]] = {}  # chunk id -> (start, stop)
+    # chunk id -> (start, stop, worker index or _LOCAL)
+    self._chunks: dict[int, tuple[int, int, int]] = {}
+    self._load = [0] * self._num_workers  # Elements outstanding per worker.
     self._next_start = 0
     self._next_request = 0
     self._next_consume = 0
@@ -194,16 +231,25 @@ class MultiprocessChunkProducer:
   def _start_workers(self) -> None:
     payload = _dumps((self._ds, self._worker_init_fn))
     ctx = multiprocessing.get_context("spawn")
-    for w in range(self._num_workers):
-      parent_conn, child_conn = ctx.Pipe(duplex=True)
-      proc = ctx.Process(
-          target=_worker_main,
-          args=(w, self._num_workers, child_conn, payload, self._prefix, os.getpid()),
-          name=f"loader-worker-{w}", daemon=True)
-      proc.start()
-      child_conn.close()
-      self._procs.append(proc)
-      self._conns.append(parent_conn)
+    with _without_main_module():
+      for w in range(self._num_workers):
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        proc = ctx.Process(
+            target=_worker_main,
+            args=(w, self._num_workers, child_conn, payload, self._prefix, os.getpid()),
+            name=f"loader-worker-{w}", daemon=True)
+        proc.start()
+        child_conn.close()
+        self._procs.append(proc)
+        self._conns.append(parent_conn)
+    if self._worker_init_fn is None and self._next_request == 0 and self._next_start < self._len:
+      self._add_chunk(_LOCAL)
+
+  def start(self) -> None:
+    """Starts the workers and sends them their first chunks."""
+    if not self._procs:
+      self._start_workers()
+    self._top_up()
 
   @property
   def worker_pids(self) -> list[int]:
@@ -213,23 +259,30 @@ class MultiprocessChunkProducer:
     # Results of older requests are recognised by generation and dropped.
     self._gen += 1
     self._chunks.clear()
+    self._load = [0] * self._num_workers
     self._next_start = start
     self._next_request = self._next_consume = 0
+
+  def _add_chunk(self, w: int) -> int:
+    c, start = self._next_request, self._next_start
+    stop = min(start + self._sizer.size(start), self._len)
+    self._chunks[c] = (start, stop, w)
+    self._next_start = stop
+    self._next_request += 1
+    return c
 
   def _top_up(self) -> None:
     limit = self._next_consume + self._num_workers * self._in_flight
     while self._next_request < limit and self._next_start < self._len:
-      c = self._next_request
-      start, stop = self._next_start, min(self._next_start + self._sizer.size, self._len)
-      w = c % self._num_workers
+      w = min(range(self._num_workers), key=self._load.__getitem__)
+      c = self._add_chunk(w)
+      start, stop, _ = self._chunks[c]
+      self._load[w] += stop - start
       released, self._released[w] = self._released[w], []
       try:
         self._conns[w].send(("task", self._gen, c, start, stop, released))
       except (OSError, ValueError):
         self._raise_dead(w)
-      self._chunks[c] = (start, stop)
-      self._next_start = stop
-      self._next_request += 1
 
   def _raise_dead(self, w: int) -> None:
     proc = self._procs[w]
@@ -270,12 +323,13 @@ class MultiprocessChunkProducer:
       raise self._error
     c = self._next_consume
     try:
-      if not self._procs:
-        self._start_workers()
-      self._top_up()
+      self.start()
       if c not in self._chunks:
         return None
-      msg = self._receive(c % self._num_workers)
+      start, stop, w = self._chunks[c]
+      if w == _LOCAL:
+        return self._compute_locally(c, start, stop)
+      msg = self._receive(w)
     except WorkerError as e:
       self._error = e  # A dead worker: this iterator cannot continue.
       self.close()
@@ -288,9 +342,9 @@ class MultiprocessChunkProducer:
       self._released = [[] for _ in range(self._num_workers)]
       self.reset(start)
       raise
-    w = c % self._num_workers
-    start, _ = self._chunks.pop(c)
-    _, _, _, desc, failure = msg
+    del self._chunks[c]
+    self._load[w] -= stop - start
+    _, _, _, desc, failure, seconds = msg
     try:
       elements = ipc.decode(desc)
     except BaseException:
@@ -300,7 +354,7 @@ class MultiprocessChunkProducer:
     name = ipc.segment_name(desc)
     if name is not None:
       self._released[w].append(name)
-    self._sizer.observe(elements)
+    self._sizer.observe(elements, seconds)
     self._next_consume += 1
     error = None
     if failure is not None:
@@ -311,6 +365,15 @@ class MultiprocessChunkProducer:
         self._top_up()  # Keep workers busy while the consumer works.
       except WorkerError:
         pass  # Raised again by the next call, after these elements.
+    return start, elements, error
+
+  def _compute_locally(self, c: int, start: int, stop: int) -> engine.Chunk:
+    elements, error, seconds = engine.timed_compute_chunk(self._ds, start, stop)
+    del self._chunks[c]
+    self._sizer.observe(elements, seconds)
+    self._next_consume += 1
+    if error is not None:
+      self.reset(start + len(elements))
     return start, elements, error
 
   def _worker_error(self, w: int, index: int, failure: tuple[str, bytes | None]) -> WorkerError:

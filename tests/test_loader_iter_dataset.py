@@ -226,16 +226,24 @@ def test_error_leaves_state_at_the_failing_element_and_next_retries(stage):
   assert as_list(restored) == reference[len(before):]
 
 
-def test_chunk_sizes_adapt_to_batch_size_and_element_bytes():
-  records = loader.MapDataset.range(100_000)
+def test_chunk_sizes_ramp_up_and_adapt_to_cost_bytes_and_workers():
+  records = loader.MapDataset.range(1_000_000)
   sizer = engine.ChunkSizer(records.batch(256), None)
-  assert sizer.size == 1  # A small first chunk: one batch.
-  sizer.observe([np.zeros(256, np.int64)])
-  assert sizer.size == 32  # Then ~8192 records per call.
+  assert [sizer.size(0) for _ in range(3)] == [1, 4, 16]  # Small first chunks, then 4x.
+  sizer.observe([np.zeros(256, np.int64)], seconds=1e-4)
+  assert sizer.size(0) == 32 and sizer.size(0) == 32  # Up to ~8192 records per call.
+  slow = engine.ChunkSizer(records, None)
+  for _ in range(5):
+    slow.size(0)
+  slow.observe([0] * 10, seconds=1.0)  # 100 ms per element: ~50 ms chunks, i.e. 1.
+  assert slow.size(0) == 1
   big = engine.ChunkSizer(records, None)
   big.observe([np.zeros(4 << 20, np.uint8)])  # 4 MiB elements: ~32 MiB per chunk.
-  assert big.size == 8
-  assert engine.ChunkSizer(records, 5).size == 5
+  assert max(big.size(0) for _ in range(6)) == 8
+  # A 40-element dataset spread over 4 workers: no chunk takes more than a fair share.
+  small = engine.ChunkSizer(loader.MapDataset.range(40), None, parallelism=4)
+  assert max(small.size(0) for _ in range(6)) == 5
+  assert engine.ChunkSizer(records.batch(10), 50).size(0) == 5  # Fixed, in records.
 
 
 def test_read_options_validation_and_closed_iterators():

@@ -243,7 +243,9 @@ def test_parent_sigkill_leaves_no_orphans_or_segments(files, tmp_path):
     line = proc.stdout.readline()
     assert line.strip(), proc.stderr.read()
     pids = [int(p) for p in line.split()]
-    time.sleep(0.5)  # Let the workers fill their buffers (segments exist).
+    deadline = time.monotonic() + 20  # Let the workers fill their buffers (segments exist).
+    while not shm_segments(f"arl{proc.pid}_") and time.monotonic() < deadline:
+      time.sleep(0.1)
     assert shm_segments(f"arl{proc.pid}_")
     proc.kill()
     proc.wait(10)
