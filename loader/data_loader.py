@@ -33,6 +33,7 @@ import collections.abc
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -325,11 +326,20 @@ class _SamplerMapDataset(map_dataset.MapDataset):
 # ---- DataLoader ------------------------------------------------------------
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _stable_repr(obj: Any) -> str:
+  # Default reprs hold the object's address, which differs between runs and
+  # would make every checkpoint foreign; the class name is what's compared.
+  return _ADDRESS.sub("", repr(obj))
+
+
 def _source_repr(source: Any) -> str:
   # As Grain: in-memory sequences are named by type, not printed.
   if isinstance(source, (list, tuple, np.ndarray)):
     return str(type(source))
-  return repr(source)
+  return _stable_repr(source)
 
 
 def _as_shard_options(value: Any, what: str) -> sharding.ShardOptions:
@@ -459,7 +469,7 @@ class DataLoader:
   def _fingerprint(self) -> dict[str, Any]:
     """What a position means: a state only restores where all of this matches."""
     return {
-        "sampler": repr(self._sampler),
+        "sampler": _stable_repr(self._sampler),
         "data_source": _source_repr(self._data_source),
         "shard": [self._shard_options.shard_index, self._shard_options.shard_count],
         "operations": [op.descriptor for op in self._operations],
@@ -475,8 +485,8 @@ class DataLoader:
     if state["version"] != _GRAIN_STATE_VERSION:
       raise ValueError(f"Grain DataLoader state version {state['version']!r} is not supported "
                        f"(loader reads Grain's version {_GRAIN_STATE_VERSION}).")
-    for key, mine in (("sampler", repr(self._sampler)), ("data_source", _source_repr(self._data_source))):
-      if state[key] != mine:
+    for key, mine in (("sampler", _stable_repr(self._sampler)), ("data_source", _source_repr(self._data_source))):
+      if _ADDRESS.sub("", str(state[key])) != mine:
         raise ValueError(f"Grain DataLoader state is for another pipeline: {key} {state[key]!r} != "
                          f"this DataLoader's {mine!r}.")
     if any(op.kind in ("flat_map", "operation") for op in self._operations):
