@@ -328,12 +328,13 @@ def _iter_pipeline(files, workers=None):
   a, b = (M.source(loader.ArrayRecordSource(f)).map(record_index) for f in files)
   a = a.shuffle(seed=9).to_iter_dataset().filter(lambda i: i % 5 != 0)
   b = b.repeat(2).to_iter_dataset()
+  ds = loader.IterDataset.mix({"a": a, "b": b}, {"a": 0.3, "b": 0.7}).batch(3)
   if workers is not None:
-    a = a.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
-  return loader.IterDataset.mix({"a": a, "b": b}, {"a": 0.3, "b": 0.7}).batch(3)
+    ds = ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
+  return ds
 
 
-def test_iter_mix_restores_at_every_step_and_with_inputs_in_workers(files):
+def test_iter_mix_restores_at_every_step_and_into_two_workers(files):
   stream = assert_restore_at_every_step_gives_same_stream(lambda: _iter_pipeline(files))
   assert len(stream) > 10
   assert_streams_equal(list(_iter_pipeline(files, workers=2)), stream)
