@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import loader
+import loader.transforms
 from loader import state as state_lib
 from loader.transformations import mix as mix_lib
-from loader.transformations import select as select_lib
 from loader_testing import assert_restore_at_every_step_gives_same_stream
 from loader_testing import assert_streams_equal
 from loader_testing import record_index
@@ -149,7 +149,7 @@ class _EvenOdd(grain.transforms.DatasetSelectionMap):
     return index % 2, index // 2
 
 
-class _Reverse(select_lib.DatasetSelectionMap):
+class _Reverse(loader.transforms.DatasetSelectionMap):
 
   def __len__(self):
     return 6
@@ -169,7 +169,7 @@ def test_select_from_datasets_equals_grain_with_grain_and_loader_selection_maps(
 
 def test_select_from_datasets_names_a_bad_mapping():
 
-  class Bad(select_lib.DatasetSelectionMap):
+  class Bad(loader.transforms.DatasetSelectionMap):
 
     def __len__(self):
       return 3

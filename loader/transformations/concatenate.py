@@ -15,11 +15,12 @@ import numpy as np
 
 from loader import map_dataset as map_lib
 from loader.transformations import select as select_lib
+from loader.transforms import DatasetSelectionMap
 
 T = TypeVar("T")
 
 
-class ConcatSelectionMap(select_lib.DatasetSelectionMap):
+class ConcatSelectionMap(DatasetSelectionMap):
   """Index -> (input, index in it) for inputs laid end to end, epoch by epoch."""
 
   def __init__(self, parents: Sequence[map_lib.MapDataset]):

@@ -47,6 +47,7 @@ from loader import iter_dataset as iter_lib
 from loader import map_dataset as map_lib
 from loader import state as state_lib
 from loader.transformations import select as select_lib
+from loader.transforms import DatasetSelectionMap
 
 T = TypeVar("T")
 
@@ -171,7 +172,7 @@ class _ProportionalSelector:
 # ---- MapDataset.mix -------------------------------------------------------------
 
 
-class SelectionWithProportionsMap(select_lib.DatasetSelectionMap):
+class SelectionWithProportionsMap(DatasetSelectionMap):
   """Grain's selection map of a weighted mixture; its length keeps every element to at most one use."""
 
   def __init__(self, parents: Sequence[map_lib.MapDataset], proportions: Sequence[float] | None = None):

@@ -1,8 +1,11 @@
 """`MapDataset.select_from_datasets`: elements routed from several datasets by a map.
 
-A `DatasetSelectionMap` (Grain's `grain.transforms.DatasetSelectionMap`) maps
-an index of the combined dataset to `(dataset index, index in that dataset)`;
-`len(map)` is the combined length. `SelectMapDataset` reads a whole vector of
+A selection map (`loader.transforms.DatasetSelectionMap`, Grain's class, or
+any object with `__len__` and `__getitem__`) maps an index of the combined
+dataset to `(dataset index, index in that dataset)`; `len(map)` is the
+combined length. A map may also define `select_many(indices) -> (dataset
+indices, keys)` over int64 arrays (loader only; the built-in maps do), else it
+is called once per index. `SelectMapDataset` reads a whole vector of
 indices with one `_getitems` call per input dataset, so it stays random
 access: it runs in `mp_prefetch` workers and its stream does not depend on
 the worker count. `mix` and `concatenate` are selection maps over it.
@@ -13,7 +16,6 @@ built-in maps define them (the next epoch), a user's map may refuse them.
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -23,26 +25,6 @@ from loader import checks
 from loader import map_dataset as map_lib
 
 T = TypeVar("T")
-
-
-class DatasetSelectionMap(abc.ABC):
-  """Maps a combined index to `(dataset index, index within that dataset)`.
-
-  Must be stateless, deterministic and picklable: it is called concurrently
-  in worker processes. Subclasses may also define `select_many` for speed.
-  """
-
-  @abc.abstractmethod
-  def __len__(self) -> int:
-    """The length of the combined dataset."""
-
-  @abc.abstractmethod
-  def __getitem__(self, index: int) -> tuple[int, int]:
-    """`(dataset index, index within that dataset)` of combined index `index`."""
-
-  def select_many(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised `__getitem__`: (dataset indices, keys) as int64 arrays (loader only)."""
-    return _select_one_by_one(self, indices)
 
 
 def _select_one_by_one(selection_map: Any, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -73,8 +55,8 @@ class SelectMapDataset(map_lib.MapDataset[T]):
 
   Args:
     parents: The datasets to select from.
-    selection_map: A `DatasetSelectionMap`, or any object with `__len__` and
-      `__getitem__(i) -> (d, k)` (Grain's selection maps work as they are).
+    selection_map: A `DatasetSelectionMap` (loader's or Grain's), or any
+      object with `__len__` and `__getitem__(i) -> (d, k)`.
   """
 
   _same_as_grain = True
