@@ -98,8 +98,11 @@ class OutputError(ConversionError):
   """The output location cannot be used, found before any work starts."""
 
 
-class OutputWriteError(ConversionError):
-  """Writing an output failed (disk full, permissions); its temp file was removed."""
+class OutputWriteError(ConversionError, OSError):
+  """Writing an output failed (disk full, permissions); its temp file was removed.
+
+  An OSError too, so code that handles I/O failures keeps handling it.
+  """
 
   exit_code = 1
 
