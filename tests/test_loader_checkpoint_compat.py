@@ -1,0 +1,192 @@
+"""Checkpoints refuse to be misapplied: other pipelines, other formats, Grain's states.
+
+Where Grain 0.2.18 writes the state, the test runs the same pipeline on Grain
+and checks that loader resumes at exactly the element Grain resumes at, or
+refuses with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import loader
+from loader import state as state_lib
+from loader_testing import assert_streams_equal
+from loader_testing import take
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _pipeline(seed=1, batch=4, n=50, extra=False):
+  ds = loader.MapDataset.range(n).shuffle(seed=seed).map(lambda x: x * 2)
+  if extra:
+    ds = ds.filter(lambda x: x % 3)
+  return ds.to_iter_dataset().batch(batch)
+
+
+def _state_after(ds, k):
+  it = iter(ds)
+  take(it, k)
+  return it.get_state()
+
+
+def test_state_is_json_and_self_describing():
+  state = _state_after(_pipeline(), 3)
+  assert json.loads(json.dumps(state)) == state
+  assert state["loader_state_version"] == state_lib.VERSION
+  assert state["pipeline"] == ["source(range(0, 50))", "shuffle(seed=1)", "map",
+                               "batch(4, drop_remainder=False)", "to_iter_dataset(unit=4)"]
+  assert state["next_index"] == 3
+
+
+@pytest.mark.parametrize("other, difference", [
+    (dict(seed=2), "'shuffle(seed=1)' in the saved pipeline but 'shuffle(seed=2)' in this one"),
+    (dict(batch=8), "'batch(4, drop_remainder=False)' in the saved pipeline but 'batch(8, drop_remainder=False)'"),
+    (dict(n=60), "'source(range(0, 50))' in the saved pipeline but 'source(range(0, 60))'"),
+    (dict(extra=True), "operation 3 is 'batch(4, drop_remainder=False)' in the saved pipeline but 'filter'"),
+])
+def test_state_from_another_pipeline_is_refused_naming_the_difference(other, difference):
+  state = _state_after(_pipeline(), 3)
+  it = iter(_pipeline(**other))
+  with pytest.raises(state_lib.StateMismatchError, match="saved from a different pipeline") as info:
+    it.set_state(state)
+  assert difference in str(info.value)
+  assert "\n" not in str(info.value)
+
+
+def test_worker_count_and_prefetch_are_not_part_of_the_pipeline():
+  make = lambda w: _pipeline().mp_prefetch(loader.MultiprocessingOptions(num_workers=w)).prefetch(2)
+  reference = list(make(0))
+  state = _state_after(make(0), 4)
+  with iter(make(2)) as it:
+    it.set_state(state)
+    assert_streams_equal(list(it), reference[4:])
+
+
+def test_damaged_or_future_states_are_refused():
+  it = iter(_pipeline())
+  state = _state_after(_pipeline(), 2)
+  with pytest.raises(state_lib.StateMismatchError, match="format version 99 is not supported"):
+    it.set_state({**state, "loader_state_version": 99})
+  with pytest.raises(state_lib.StateMismatchError, match="damaged"):
+    it.set_state({**state, "pipeline": "shuffle"})
+  with pytest.raises(state_lib.StateMismatchError, match="expects the dict returned by get_state"):
+    it.set_state("next_index=3")
+
+
+def test_state_changes_nothing_when_a_function_is_renamed():
+  def parse(x):
+    return x * 2
+
+  state = _state_after(loader.MapDataset.range(10).map(lambda x: x * 2).to_iter_dataset(), 3)
+  it = iter(loader.MapDataset.range(10).map(parse).to_iter_dataset())
+  it.set_state(state)
+  assert next(it) == 6
+
+
+# ---- States written by Grain 0.2.18 ----------------------------------------
+
+_GRAIN_STATE = textwrap.dedent("""
+    import json, sys
+    from absl import flags
+    flags.FLAGS.mark_as_parsed()
+    import grain
+
+    def build(name):
+      if name == "iter_batch":
+        return grain.MapDataset.range(100).map(lambda x: x * 2).to_iter_dataset().batch(8)
+      if name == "map_batch":
+        return grain.MapDataset.range(100).batch(8).to_iter_dataset()
+      if name == "filter_batch":
+        return grain.MapDataset.range(100).to_iter_dataset().filter(lambda x: x % 3 == 0).batch(4)
+      if name == "shuffled":
+        return grain.MapDataset.range(100).shuffle(seed=3).to_iter_dataset().batch(8)
+      if name == "mp":
+        return grain.MapDataset.range(100).to_iter_dataset().batch(8).mp_prefetch(
+            grain.MultiprocessingOptions(num_workers=2))
+
+    if __name__ == "__main__":
+      name, k = sys.argv[1], int(sys.argv[2])
+      it = iter(build(name))
+      for _ in range(k):
+        next(it)
+      state = it.get_state()
+      rest = [[int(v) for v in b] for b in it]
+      it.close() if hasattr(it, "close") else None
+      print(json.dumps({"state": state, "rest": rest}))
+""")
+
+
+@pytest.fixture(scope="module")
+def grain_run(tmp_path_factory):
+  script = tmp_path_factory.mktemp("grain") / "grain_state.py"
+  script.write_text(_GRAIN_STATE)
+
+  def run(name, k):
+    out = subprocess.run([sys.executable, str(script), name, str(k)], capture_output=True, text=True,
+                         timeout=300, check=True, env={**os.environ, "PYTHONPATH": _ROOT})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+  return run
+
+
+def _ours(name):
+  if name == "iter_batch":
+    return loader.MapDataset.range(100).map(lambda x: x * 2).to_iter_dataset().batch(8)
+  if name == "map_batch":
+    return loader.MapDataset.range(100).batch(8).to_iter_dataset()
+  if name == "filter_batch":
+    return loader.MapDataset.range(100).to_iter_dataset().filter(lambda x: x % 3 == 0).batch(4)
+  if name == "shuffled":
+    return loader.MapDataset.range(100).shuffle(seed=3).to_iter_dataset().batch(8)
+  raise ValueError(name)
+
+
+@pytest.mark.parametrize("name, k", [("iter_batch", 3), ("iter_batch", 13), ("map_batch", 5), ("filter_batch", 3)])
+def test_grain_state_resumes_at_the_element_grain_resumes_at(grain_run, name, k):
+  grain_out = grain_run(name, k)
+  it = iter(_ours(name))
+  it.set_state(grain_out["state"])
+  assert [[int(v) for v in b] for b in it] == grain_out["rest"]
+
+
+def test_grain_state_of_a_shuffled_pipeline_is_refused(grain_run):
+  state = grain_run("shuffled", 3)["state"]
+  it = iter(_ours("shuffled"))
+  with pytest.raises(state_lib.StateMismatchError, match="order differs from Grain's by design"):
+    it.set_state(state)
+
+
+def test_grain_mp_prefetch_state_is_refused(grain_run):
+  state = grain_run("mp", 3)["state"]
+  it = iter(loader.MapDataset.range(100).to_iter_dataset().batch(8).mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=0)))
+  with pytest.raises(state_lib.StateMismatchError, match="cannot be resumed exactly"):
+    it.set_state(state)
+
+
+def test_grain_state_inside_a_batch_is_refused():
+  it = iter(_ours("iter_batch"))
+  with pytest.raises(state_lib.StateMismatchError, match="falls inside a batch"):
+    it.set_state({"next_index": 5})
+
+
+def test_json_file_round_trip_with_save_and_restore(tmp_path):
+  ds = _pipeline()
+  it = iter(ds)
+  take(it, 5)
+  loader.save_state(tmp_path / "s.json", it)
+  rest = list(it)
+  fresh = iter(_pipeline())
+  loader.restore_state(tmp_path / "s.json", fresh)
+  assert_streams_equal(list(fresh), rest)
+  with pytest.raises(state_lib.StateMismatchError):
+    loader.restore_state(tmp_path / "s.json", iter(_pipeline(seed=9)))
+  assert np.asarray(rest[0]).dtype.kind == "i"
