@@ -11,6 +11,7 @@ nests its parents' states without repeating them.
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import threading
 from collections.abc import Iterator, Sequence
@@ -30,6 +31,21 @@ def _depth() -> int:
 def restoring_foreign_state() -> bool:
   """True inside a `set_state` of a state that Grain (not loader) wrote."""
   return getattr(_local, "foreign", False)
+
+
+@contextlib.contextmanager
+def parent_calls() -> Iterator[None]:
+  """Marks calls an iterator makes on its parents outside its own get/set_state.
+
+  E.g. rewinding the parent to an epoch start in `__next__`: inside the block
+  states pass through unstamped and unchecked, as they do within get/set_state.
+  """
+  outer = _depth()
+  _local.depth = outer + 1
+  try:
+    yield
+  finally:
+    _local.depth = outer
 
 
 def _wrap_get_state(fn):

@@ -56,3 +56,13 @@ def test_grain_state_resumes_at_grains_element():
   ours = iter(experimental.RepeatIterDataset(loader.MapDataset.range(5).to_iter_dataset(), 3))
   ours.set_state(state)
   assert list(ours) == list(theirs)
+
+
+def test_restore_inside_interleave_whose_set_state_opens_the_iterators():
+  def make():
+    a = experimental.RepeatIterDataset(loader.MapDataset.range(5).shuffle(seed=1).to_iter_dataset(), 2)
+    b = experimental.RepeatIterDataset(loader.MapDataset.range(3).shuffle(seed=2).map(lambda x: x + 100)
+                                       .to_iter_dataset(), 3)
+    return experimental.InterleaveIterDataset([a, b], cycle_length=2)
+
+  assert len(assert_restore_at_every_step_gives_same_stream(make)) == 19

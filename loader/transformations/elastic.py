@@ -148,11 +148,12 @@ class _ElasticDatasetIterator(iter_lib.DatasetIterator):
       # the pipeline for `offset`, `batches` host batches in.
       it_ds, self._inner_len = self._elastic._host_pipeline(offset)  # pylint: disable=protected-access
       self._inner, self._offset = iter(it_ds), offset
-    # The inner state is {"next_index": host batches read} (plus, when read
-    # here, its own pipeline stamp, so set_state accepts it back).
-    state = self._inner.get_state()
-    state["next_index"] = min(batches, self._inner_len)
-    self._inner.set_state(state)
+    # The inner state is {"next_index": host batches read}; it is our own
+    # position, not a checkpoint, so it goes unstamped and unchecked.
+    with dataset_iterator.parent_calls():
+      state = self._inner.get_state()
+      state["next_index"] = min(batches, self._inner_len)
+      self._inner.set_state(state)
     self._positioned = True
     return self._inner
 

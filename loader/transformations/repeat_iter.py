@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from loader import checks
+from loader import dataset_iterator
 from loader import iter_dataset as iter_lib
 from loader import state as state_lib
 
@@ -50,9 +51,8 @@ class _RepeatIterator(iter_lib.DatasetIterator[T]):
   def __init__(self, parent: iter_lib.DatasetIterator[T], num_epochs: int | None):
     super().__init__(parent)
     self._num_epochs = num_epochs
-    # Kept as returned (stamped with the parent's pipeline description, see
-    # loader.state): the rewinds happen in __next__, outside set_state.
-    self._start = parent.get_state()
+    with dataset_iterator.parent_calls():  # A bare position, as nested states are.
+      self._start = parent.get_state()
     self._epoch = 0
 
   def __next__(self) -> T:
@@ -66,7 +66,8 @@ class _RepeatIterator(iter_lib.DatasetIterator[T]):
         self._epoch += 1
         if self._epoch == self._num_epochs:
           break
-        self._parent.set_state(self._start)
+        with dataset_iterator.parent_calls():  # Our own position, not a checkpoint.
+          self._parent.set_state(self._start)
         restarted = True
     raise StopIteration
 
