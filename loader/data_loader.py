@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -342,6 +343,19 @@ def _source_repr(source: Any) -> str:
   return _stable_repr(source)
 
 
+def _grain_source_reprs(source: Any) -> set[str]:
+  """The reprs Grain may have recorded for `source` in a checkpoint."""
+  reprs = {_source_repr(source)}
+  paths = getattr(source, "paths", None)
+  if type(source).__name__ == "ArrayRecordDataSource" and isinstance(paths, (list, tuple)):
+    # Grain's ArrayRecordDataSource names itself by a hash of its file paths.
+    digest = hashlib.sha1()
+    for p in paths:
+      digest.update(os.fspath(p).encode())
+    reprs.add(f"ArrayRecordDataSource(hash_of_paths={digest.hexdigest()})")
+  return reprs
+
+
 def _as_shard_options(value: Any, what: str) -> sharding.ShardOptions:
   if isinstance(value, sharding.ShardOptions):
     return value
@@ -485,10 +499,10 @@ class DataLoader:
     if state["version"] != _GRAIN_STATE_VERSION:
       raise ValueError(f"Grain DataLoader state version {state['version']!r} is not supported "
                        f"(loader reads Grain's version {_GRAIN_STATE_VERSION}).")
-    for key, mine in (("sampler", _stable_repr(self._sampler)), ("data_source", _source_repr(self._data_source))):
-      if _ADDRESS.sub("", str(state[key])) != mine:
+    for key, mine in (("sampler", {_stable_repr(self._sampler)}), ("data_source", _grain_source_reprs(self._data_source))):
+      if _ADDRESS.sub("", str(state[key])) not in mine:
         raise ValueError(f"Grain DataLoader state is for another pipeline: {key} {state[key]!r} != "
-                         f"this DataLoader's {mine!r}.")
+                         f"this DataLoader's {' or '.join(map(repr, sorted(mine)))}.")
     if any(op.kind in ("flat_map", "operation") for op in self._operations):
       raise ValueError("Cannot resume a Grain DataLoader state in a pipeline with a FlatMap or a custom "
                        "Operation: Grain's positions there do not map onto loader's.")
