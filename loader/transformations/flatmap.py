@@ -26,7 +26,6 @@ from loader import state as state_lib
 from loader import map_dataset as map_lib
 
 T = TypeVar("T")
-S = TypeVar("S")
 
 
 def _as_sequence(splits: Any) -> Sequence[Any]:
