@@ -319,3 +319,20 @@ def test_interrupt_while_waiting_for_workers_can_be_resumed():
   assert list(it) == list(range(state, 12))  # ...and fresh ones resume exactly.
   it.close()
   assert shm_segments() <= before
+
+
+def _slow_pid(x):
+  time.sleep(0.1)
+  return os.getpid()
+
+
+def test_small_dataset_with_slow_map_uses_every_worker():
+  # Grain's tests assert every worker gets work; adaptive chunks must not put
+  # a 40-element dataset with a 100 ms map on one worker.
+  ds = loader.MapDataset.range(40).map(_slow_pid).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=4))
+  with iter(ds) as it:
+    pids = list(it)
+    workers = set(_producer(it).worker_pids)
+  assert len(pids) == 40
+  assert workers <= set(pids), f"workers {workers} vs pids used {set(pids)}"

@@ -41,5 +41,4 @@ def test_script_without_main_guard_runs_and_is_not_reimported_by_workers(tmp_pat
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip() == str(sum(x * x for x in range(40)))
   assert "bootstrapping" not in out.stderr
-  assert marks.read_text().split() == [str(out_pid) for out_pid in marks.read_text().split()][:1]
   assert len(marks.read_text().split()) == 1, "a worker re-ran the script"
