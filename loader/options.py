@@ -6,8 +6,9 @@ after changing the import. Differences, both deliberate:
 
 * The options are frozen (Grain's can be assigned to after construction); use
   `dataclasses.replace(options, num_threads=...)` instead.
-* Each has an extra `chunk_size` field: how many elements of the random-access
-  part of the pipeline one batched call computes.
+* Each has an extra `chunk_size` field: how many source records (elements
+  before any batching, whatever stage the batch is on) one batched call of
+  the random-access part of the pipeline covers.
 """
 
 from __future__ import annotations
@@ -31,18 +32,17 @@ class ReadOptions:
 
   Attributes:
     num_threads: Background threads computing chunks of elements ahead of the
-      consumer (Grain's default, 16). 0 computes them in the consuming thread
-      on demand, which suits data already in memory. Threads help when the
-      consumer does other work (a training step) or reads are slow (network
-      file systems); ArrayRecord reads release the GIL.
+      consumer (Grain's default, 16). At most one per core is started: more
+      only contend for the GIL. 0 computes chunks in the consuming thread on
+      demand. Threads overlap reading with the consumer's work (a training
+      step) and, on several cores, read chunks in parallel (ArrayRecord reads
+      release the GIL).
     prefetch_buffer_size: How many elements the threads may compute ahead
-      (Grain's default, 500). Unlike Grain, a buffer smaller than
-      `num_threads` does not limit the threads: each thread computes a whole
-      chunk, and at least `num_threads` chunks are in flight.
-    chunk_size: Elements of the random-access part of the pipeline computed
-      per batched call. None picks one from the pipeline (larger for cheap
-      elements, smaller for slow ones). Larger chunks amortise the per-call
-      cost of ArrayRecord reads. Not in Grain.
+      (Grain's default, 500); at least one chunk is always in flight.
+    chunk_size: Source records (elements before any batching) per batched
+      call. None adapts it: small first chunks for a fast first batch, then
+      up to ~8192 records, fewer when elements are slow (~50 ms of work per
+      chunk) or large (~32 MiB per chunk). Not in Grain.
   """
 
   num_threads: int = 16
@@ -63,15 +63,16 @@ class MultiprocessingOptions:
     num_workers: Worker processes. 0 computes everything in the calling
       process; the produced stream is the same for every value.
     per_worker_buffer_size: Chunks each worker may have computed ahead of the
-      consumer (a chunk is `chunk_size` elements of the random-access part of
-      the pipeline). Higher values smooth out slow elements at the cost of
+      consumer (a chunk is a run of consecutive elements of the random-access
+      part of the pipeline, see `chunk_size`). Higher values smooth out slow elements at the cost of
       memory. Grain counts this in elements after all transformations; for
       both it is the depth of each worker's output queue.
     enable_profiling: Accepted for Grain compatibility; loader logs no
       profiling report (Grain logs one when `num_workers >= 1`).
-    chunk_size: Elements of the random-access part of the pipeline per task
-      sent to a worker. None picks one from the pipeline, as
-      `ReadOptions.chunk_size` does. Not in Grain.
+    chunk_size: Source records (elements before any batching) per task sent
+      to a worker. None adapts it as `ReadOptions.chunk_size` does, and also
+      keeps chunks below a fair share of what is left, so a small dataset
+      reaches every worker. Not in Grain.
   """
 
   num_workers: int = 0
