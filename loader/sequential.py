@@ -257,6 +257,10 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
     x, self._state = item
     return x
 
+  def start_prefetch(self) -> None:
+    if self._thread is None and not self._done:
+      self._start()
+
   def get_state(self) -> dict[str, Any]:
     return self._state
 

@@ -256,3 +256,17 @@ def test_read_options_validation_and_closed_iterators():
   it.close()
   with pytest.raises(ValueError, match="closed"):
     list(it)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: loader.MapDataset.range(30).to_iter_dataset().prefetch(4),
+    lambda: loader.MapDataset.range(30).to_iter_dataset(loader.ReadOptions(num_threads=2)),
+    lambda: loader.MapDataset.range(30).to_iter_dataset().batch(4).mp_prefetch(loader.MultiprocessingOptions(num_workers=1)),
+    lambda: loader.MapDataset.range(30).to_iter_dataset().filter(lambda x: x % 2).batch(4),
+])
+def test_start_prefetch_starts_background_work_without_changing_the_stream(make):
+  reference = list(make())
+  with iter(make()) as it:
+    it.start_prefetch()
+    it.start_prefetch()  # Idempotent.
+    assert_streams_equal(list(it), reference)
