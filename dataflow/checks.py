@@ -78,6 +78,17 @@ def input_pattern(value: str) -> str:
   return gcs_path(value, "--input", need_object=True, example="'gs://my-bucket/tfr/train-*'")
 
 
+def tfds_dataset_dir(value: str) -> str:
+  """A TFDS dataset version folder on Cloud Storage."""
+  if not value.startswith("gs://"):
+    raise FlagError(f"--tfds-dataset-dir {value!r} is not on Cloud Storage; Dataflow workers "
+                    "read only gs:// paths. Copy the dataset first (gcloud storage cp -r "
+                    "~/tensorflow_datasets/NAME gs://BUCKET/tensorflow_datasets/) or convert "
+                    "locally with `arrayrecord-tfds`.")
+  return gcs_path(value, "--tfds-dataset-dir", need_object=True,
+                  example="gs://my-bucket/tensorflow_datasets/mnist/3.0.1").rstrip("/")
+
+
 def job_name(value: str) -> str:
   if not _JOB_NAME_RE.match(value) or len(value) > 1024:
     suggestion = re.sub(r"[^-a-z0-9]+", "-", value.lower()).strip("-") or "arrayrecord-convert"

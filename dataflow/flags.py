@@ -1,5 +1,7 @@
 """Flags of `python -m dataflow.submit`, parsed and checked without the network.
 
+Two modes: TFRecord files (--input PATTERN --output DIR) or a prepared TFDS
+dataset (--tfds-dataset-dir DIR [--out-dir OUT], as `arrayrecord-tfds`).
 Converter flags come from pipelines.cli (the same as `pipelines.convert`);
 Dataflow flags keep Beam's spelling (`--temp_location`, dashes also work);
 any other flag goes to Beam unchanged, after Beam confirms it knows it.
@@ -23,8 +25,8 @@ from pipelines import cli
 PROG = "arrayrecord-dataflow"
 RUNNER = "DataflowRunner"
 # Converter flags a Flex Template exposes as parameters (see flex_template/metadata.json).
-TEMPLATE_PARAMETERS = ("input", "output", "writer_options", "compression", "on_corrupt",
-                       "overwrite", "skip_existing")
+TEMPLATE_PARAMETERS = ("input", "output", "tfds_dataset_dir", "out_dir", "writer_options",
+                       "compression", "on_corrupt", "overwrite", "skip_existing")
 # Dataflow flags this tool checks, then hands to Beam as --NAME=VALUE.
 DATAFLOW_FLAGS = ("project", "region", "temp_location", "staging_location", "job_name",
                   "service_account_email", "network", "subnetwork", "max_num_workers",
@@ -50,7 +52,22 @@ def parser() -> argparse.ArgumentParser:
       "Input patterns are listed by the workers, so submitting needs no bucket access. "
       "Flags not listed here go to Beam (e.g. --num_workers, --no_use_public_ips, "
       "--experiments, --labels).")
-  cli.add_converter_flags(p)
+  io = p.add_argument_group(
+      "what to convert", "Either TFRecord files (--input, --output) or a TFDS dataset "
+      "(--tfds-dataset-dir, --out-dir).")
+  io.add_argument("--input", action="append", metavar="PATTERN",
+                  help="TFRecord files: a gs:// file or glob, listed by the workers; repeatable.")
+  io.add_argument("--output", metavar="GS_DIR",
+                  help="With --input: gs:// folder for the ArrayRecord shards and manifest.json.")
+  io.add_argument("--tfds-dataset-dir", "--tfds_dataset_dir", dest="tfds_dataset_dir",
+                  metavar="GS_DIR", help="A prepared TFDS dataset stored as TFRecord: its "
+                  "version folder, gs://.../NAME/VERSION, the one with dataset_info.json "
+                  "(read when submitting). Converted to TFDS's array_record format.")
+  io.add_argument("--out-dir", "--out_dir", dest="out_dir", metavar="GS_DIR",
+                  help="With --tfds-dataset-dir: gs:// folder for the ArrayRecord dataset "
+                  "(e.g. gs://BUCKET/tfds_ar/NAME/VERSION). Default: the dataset folder "
+                  "itself, adding array_record as an alternative file format.")
+  cli.add_converter_flags(p, io=False)
   g = p.add_argument_group("Dataflow")
   g.add_argument("--project", help="Google Cloud project id (required).")
   g.add_argument("--region", help="Dataflow region, e.g. us-central1 (required).")
@@ -101,6 +118,10 @@ class Request:
   setup_file: str | None
   dry_run_dir: str | None = None
   wait: bool = False
+  # TFDS mode (patterns empty): the dataset version folder, and where the
+  # ArrayRecord dataset goes (None: in place).
+  tfds_dataset_dir: str | None = None
+  tfds_out_dir: str | None = None
 
 
 def normalize_switches(argv: Sequence[str]) -> list[str]:
@@ -186,6 +207,29 @@ def _dry_run_dir(args: argparse.Namespace, job_name: str) -> str | None:
   return path
 
 
+def _what_to_convert(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
+  """(input patterns, output folder): TFRecord files, or a TFDS dataset (no patterns)."""
+  if args.tfds_dataset_dir is not None:
+    if args.input or args.output:
+      raise FlagError("--tfds-dataset-dir converts a whole TFDS dataset; give its output "
+                      "folder as --out-dir, not --input/--output.")
+    dataset_dir = checks.tfds_dataset_dir(args.tfds_dataset_dir)
+    if args.out_dir is None:
+      return (), dataset_dir
+    return (), checks.gcs_path(args.out_dir, "--out-dir", need_object=True,
+                               example="gs://my-bucket/tfds_ar/mnist/3.0.1")
+  if args.out_dir is not None:
+    raise FlagError("--out-dir goes with --tfds-dataset-dir; the output folder of TFRecord "
+                    "files given by --input is --output.")
+  if not args.input or args.output is None:
+    raise FlagError("--input and --output are required (e.g. --input 'gs://my-bucket/tfr/"
+                    "train-*' --output gs://my-bucket/ar/), or --tfds-dataset-dir "
+                    "gs://my-bucket/tensorflow_datasets/NAME/VERSION for a TFDS dataset.")
+  patterns = tuple(checks.input_pattern(p) for p in args.input)
+  return patterns, checks.gcs_path(args.output, "--output", need_object=False,
+                                   example="gs://my-bucket/ar/")
+
+
 def parse(argv: Sequence[str]) -> Request:
   """Parses and checks all flags. Offline: raises FlagError before any network use."""
   args, extra = parser().parse_known_args(normalize_switches(argv))
@@ -200,8 +244,7 @@ def parse(argv: Sequence[str]) -> Request:
   if args.staging_location is not None:
     checks.gcs_path(args.staging_location, "--staging_location", need_object=True,
                     example="gs://my-bucket/staging")
-  patterns = tuple(checks.input_pattern(p) for p in args.input)
-  checks.gcs_path(args.output, "--output", need_object=False, example="gs://my-bucket/ar/")
+  patterns, output_dir = _what_to_convert(args)
   job_name = checks.job_name(args.job_name) if args.job_name else default_job_name()
   if args.service_account_email is not None:
     checks.service_account(args.service_account_email)
@@ -213,7 +256,7 @@ def parse(argv: Sequence[str]) -> Request:
     checks.subnetwork(args.subnetwork, args.region, pinned)
   checks.positive(args.max_num_workers, "--max_num_workers")
   try:
-    convert = cli.converter_options(args)
+    convert = cli.converter_options(args, output_dir=output_dir)
   except (ValueError, TypeError) as e:
     raise FlagError(" ".join(str(e).split())) from None
   setup_file = staging.find_setup_file(args.setup_file)
@@ -232,7 +275,8 @@ def parse(argv: Sequence[str]) -> Request:
   return Request(convert=convert, patterns=patterns, project=args.project,
                  region=args.region, job_name=job_name, beam_args=tuple(beam_args),
                  setup_file=setup_file, dry_run_dir=_dry_run_dir(args, job_name),
-                 wait=args.wait)
+                 wait=args.wait, tfds_dataset_dir=args.tfds_dataset_dir,
+                 tfds_out_dir=args.out_dir if args.tfds_dataset_dir else None)
 
 
 def one_line(message: str) -> str:

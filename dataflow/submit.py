@@ -4,10 +4,13 @@
       --project my-project --region us-central1 --temp_location gs://BUCKET/tmp \
       [--max_num_workers 50] [--machine_type n2-standard-4] [converter flags as in
       pipelines.convert] [--dry-run [--dry-run-dir DIR]] [other Beam/Dataflow flags]
+  python -m dataflow.submit --tfds-dataset-dir gs://BUCKET/tensorflow_datasets/mnist/3.0.1 \
+      --out-dir gs://BUCKET/tfds_ar/mnist/3.0.1 --project ... (the same flags)
 
 Every flag is checked offline first; a bad one is reported in one line before
 anything is contacted. Inputs are listed by the workers (MatchFiles), so
-submitting needs no access to the buckets.
+submitting needs no access to the buckets. A TFDS dataset's dataset_info.json
+names its shards, so TFDS mode reads it when submitting (also in a dry run).
 """
 
 from __future__ import annotations
@@ -56,12 +59,57 @@ class Submission:
 
 
 def build_pipeline(request: flags.Request, extra_flags: Sequence[str] = ()):
-  """The conversion pipeline for DataflowRunner; inputs are matched on workers."""
+  """The conversion pipeline for DataflowRunner; inputs are matched on workers.
+
+  In TFDS mode, pipelines.tfds_convert's pipeline: the shards named by
+  dataset_info.json (read here), then the TFDS metadata, written last.
+  """
   import apache_beam as beam
   from apache_beam.options.pipeline_options import PipelineOptions
-  p = beam.Pipeline(options=PipelineOptions(list(request.beam_args) + list(extra_flags)))
+  options = PipelineOptions(list(request.beam_args) + list(extra_flags))
+  if request.tfds_dataset_dir:
+    from pipelines import tfds_convert  # Only TFDS mode needs it.
+    return tfds_convert.build_tfds_pipeline(request.tfds_dataset_dir, request.tfds_out_dir,
+                                            request.convert, options)
+  p = beam.Pipeline(options=options)
   build.add_conversion(p, request.convert, patterns=list(request.patterns))
   return p
+
+
+def check_tfds_dataset(request: flags.Request):
+  """TFDS mode, before building the job: the dataset is readable and convertible.
+
+  Reads dataset_info.json (the only bucket access when submitting). With
+  neither --overwrite nor --skip-existing, an --out-dir that already holds a
+  dataset_info.json is refused here; existing shards are found by the
+  workers, as in the TFRecord mode.
+
+  Returns:
+    The plan (pipelines.tfds_convert.TfdsPlan).
+
+  Raises:
+    FlagError: one line naming the dataset and what is wrong.
+  """
+  from converter import ConversionError, OutputExistsError
+  from converter import writer as _writer
+  from loader import tfds as tfds_layout
+  from pipelines import tfds_convert  # Only TFDS mode needs it.
+  where = request.tfds_dataset_dir
+  try:
+    plan = tfds_convert.plan_tfds(where, request.tfds_out_dir)
+    tfds_convert.tfds_convert_options(plan, request.convert)
+    info = f"{plan.out_dir}/{tfds_layout.DATASET_INFO_NAME}"
+    if not plan.in_place and request.convert.existing == "error" and _writer.exists(info):
+      raise OutputExistsError([info])
+  except (ValueError, ConversionError) as e:
+    raise FlagError(flags.one_line(str(e))) from None
+  except Exception as e:  # pylint: disable=broad-except  # Credentials, permissions, network.
+    cause = flags.one_line(f"{type(e).__name__}: {e}")
+    raise FlagError(f"Cannot read the TFDS dataset {where!r} from this machine ({cause}); "
+                    "TFDS mode reads its dataset_info.json when submitting: check "
+                    "`gcloud auth application-default login` and read access to the "
+                    "bucket.") from None
+  return plan
 
 
 def dry_run(request: flags.Request) -> Submission:
@@ -94,18 +142,22 @@ def submit(request: flags.Request) -> Submission:
 def run(argv: Sequence[str] | None = None) -> Submission:
   """Checks the flags, then submits (or dry-runs) the conversion job."""
   request = flags.parse(sys.argv[1:] if argv is None else argv)
+  what = ", ".join(request.patterns)
+  if request.tfds_dataset_dir:
+    plan = check_tfds_dataset(request)
+    what = (f"TFDS dataset {plan.info['name']!r} ({len(plan.inputs)} shard(s) in "
+            f"{request.tfds_dataset_dir})")
   if request.dry_run_dir:
     return dry_run(request)
   print(f"Submitting Dataflow job {request.job_name!r} (project {request.project}, region "
-        f"{request.region}): {', '.join(request.patterns)} -> {request.convert.output_dir}",
-        flush=True)
+        f"{request.region}): {what} -> {request.convert.output_dir}", flush=True)
   return submit(request)
 
 
 def report(s: Submission) -> str:
   if s.dry_run_dir:
     files = sorted(os.listdir(s.dry_run_dir))
-    convert_steps = [n for n in s.steps if n.count("/") == 1]
+    convert_steps = [n for n in s.steps if n.count("/") == 1 or n.startswith("WriteTfds")]
     return "\n".join([
         f"Dry run: nothing was submitted. The request for job {s.job_name!r} is in "
         f"{s.dry_run_dir}:",
