@@ -1,0 +1,143 @@
+"""Shared helpers for the fault tests: datasets, real CLI processes, real mounts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_MASK_DELTA = 0xA282EAD8
+
+
+def _masked_crc(data: bytes) -> int:
+  import crc32c  # pylint: disable=g-import-not-at-top
+  crc = crc32c.crc32c(data)
+  return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def write_tfrecords(path: str, records: list[bytes]) -> str:
+  """Writes TFRecord framing directly (fast for the many records these tests need).
+
+  The framing is checked against TensorFlow's own writer in test_tfrecord_reader.
+  """
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "wb") as f:
+    for r in records:
+      head = struct.pack("<Q", len(r))
+      f.write(head + struct.pack("<I", _masked_crc(head)) + r + struct.pack("<I", _masked_crc(r)))
+  return path
+
+
+def make_dataset(directory: str, shards: int, records: int, size: int,
+                 seed: int = 0) -> dict[str, list[bytes]]:
+  """`shards` TFRecord files of incompressible records; returns {file name: records}."""
+  rng = np.random.default_rng(seed)
+  out = {}
+  for s in range(shards):
+    name = f"ds.tfrecord-{s:05d}-of-{shards:05d}"
+    blob = rng.bytes(records * size)
+    out[name] = [blob[i * size:(i + 1) * size] for i in range(records)]
+    write_tfrecords(os.path.join(directory, name), out[name])
+  return out
+
+
+def out_name(name: str) -> str:
+  return name.replace(".tfrecord", ".array_record")
+
+
+def env() -> dict[str, str]:
+  e = dict(os.environ)
+  e["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in [e.get("PYTHONPATH")] if p])
+  e.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  return e
+
+
+def start_cli(module: str, *args: str) -> subprocess.Popen:
+  """A real CLI process (`python -m module args`), output captured as text."""
+  return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_cli(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env(),
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(condition: Callable[[], bool], proc: subprocess.Popen | None = None,
+             timeout: float = 120, what: str = "condition") -> None:
+  """Polls until `condition()`; fails if `proc` exits first."""
+  deadline = time.monotonic() + timeout
+  while not condition():
+    if proc is not None and proc.poll() is not None:
+      out, err = proc.communicate()
+      pytest.fail(f"process exited ({proc.returncode}) before {what}:\n{out}\n{err}")
+    if time.monotonic() > deadline:
+      pytest.fail(f"timed out waiting for {what}")
+    time.sleep(0.002)
+
+
+def stop(proc: subprocess.Popen) -> None:
+  """Freezes a process (SIGSTOP) so the test looks at a state that cannot move on."""
+  proc.send_signal(signal.SIGSTOP)
+
+
+def listing(directory: str) -> list[str]:
+  try:
+    return sorted(os.listdir(directory))
+  except FileNotFoundError:
+    return []
+
+
+def temps(directory: str) -> list[str]:
+  """Converter temp files under a directory (hidden `.name.tmp-...`)."""
+  return [os.path.join(r, f) for r, _, fs in os.walk(directory) for f in fs if ".tmp-" in f]
+
+
+def published(directory: str) -> list[str]:
+  return [f for f in listing(directory) if ".array_record" in f and not f.startswith(".")]
+
+
+def mid_run(directory: str) -> bool:
+  """At least one shard published and the next one being written."""
+  return bool(published(directory)) and bool(temps(directory))
+
+
+def one_line(stderr: str) -> str:
+  lines = [l for l in stderr.splitlines() if l.strip()]
+  assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{stderr}"
+  assert "Traceback" not in stderr
+  return lines[0]
+
+
+@contextlib.contextmanager
+def tmpfs(path: str, size: str, read_only: bool = False) -> Iterator[str]:
+  """A real tmpfs of `size` (e.g. '600k') mounted at `path`; unmounted afterwards.
+
+  Needs root (CAP_SYS_ADMIN); otherwise the test is skipped with that reason.
+  A read-only mount is the one way to make a directory unwritable for root,
+  which `chmod` cannot.
+  """
+  os.makedirs(path, exist_ok=True)
+  opts = f"size={size}" + (",ro" if read_only else "")
+  try:
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", path],
+                          capture_output=True, text=True)
+  except FileNotFoundError:
+    pytest.skip("no `mount` command here: cannot make a real small or read-only filesystem")
+  if proc.returncode != 0:
+    pytest.skip(f"`mount -t tmpfs` failed (it needs root / CAP_SYS_ADMIN; uid "
+                f"{os.geteuid()}): {proc.stderr.strip()}")
+  try:
+    yield path
+  finally:
+    if subprocess.run(["umount", path], capture_output=True).returncode != 0:
+      subprocess.run(["umount", "-l", path], capture_output=True)
