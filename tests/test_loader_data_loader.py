@@ -461,3 +461,13 @@ def test_array_record_source_and_grain_states_over_it(tmp_path):
   restored = iter(ours)
   restored.set_state(it.get_state())  # Grain names the source by a hash of its paths.
   assert [b.tolist() for b in restored] == [b.tolist() for b in grain_batches[1:]]
+
+
+def test_shard_options_from_the_sampler_and_grains_read_options():
+  # Grain's older API: no shard_options, the sampler's are used.
+  def snippet(g, **kwargs):
+    sampler = g.SequentialSampler(11, g.ShardOptions(1, 3, drop_remainder=True))
+    return g.DataLoader(data_source=Source(11), sampler=sampler, operations=[g.Batch(2)], **kwargs)
+
+  assert_same_stream(take(snippet(lp, read_options=gp.ReadOptions(num_threads=2), worker_buffer_size=0,
+                                  enable_profiling=True)), take(snippet(gp)))
