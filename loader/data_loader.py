@@ -1,9 +1,9 @@
 """Grain's legacy `DataLoader`, built on loader's engine.
 
 `DataLoader(data_source=..., sampler=..., operations=[...], worker_count=N)`
-becomes one pipeline::
+becomes one pipeline (built by `loader.data_loader_pipeline`)::
 
-  MapDataset over sampler positions (records wrapped in `Record`s)
+  MapDataset over sampler positions (`Record`s where an operation reads metadata)
     -> the operations as map/filter/batch, folded into the MapDataset while
        they are random access (up to the first batch that follows a filter,
        FlatMap or custom Operation)
@@ -35,317 +35,23 @@ import hashlib
 import json
 import os
 import re
-import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from loader import batching
 from loader import checks
 from loader import checkpoint as checkpoint_lib
-from loader import iter_dataset
-from loader import map_dataset
-from loader import operations as ops
+from loader import data_loader_pipeline as pipeline_lib
 from loader import options as options_lib
-from loader import record
 from loader import samplers as samplers_lib
 from loader import sharding
 from loader import transforms
-from loader.transformations import flatmap
 
 _STATE_FORMAT = "arrayrecord-toolkit/DataLoader"
 _STATE_VERSION = 1
 _GRAIN_STATE_VERSION = 2
 _GRAIN_STATE_KEYS = {"version", "last_seen_indices", "last_worker_index", "worker_count", "sampler", "data_source"}
-
-
-# ---- Operations on records ---------------------------------------------------
-# Small picklable callables (workers receive them) that apply a user transform
-# to a record's data and keep its metadata, as Grain's DataLoader does.
-
-
-class _MapData:
-
-  def __init__(self, fn: Callable[[Any], Any]):
-    self.fn = fn
-    self.__name__ = checks.fn_name(fn)
-
-  def __call__(self, r: record.Record) -> record.Record:
-    return record.Record(r.metadata, self.fn(r.data))
-
-
-class _RandomMapData(_MapData):
-  # The rng is the record's own (seeded from the sampler seed and its index);
-  # successive random ops on one record share and advance it, as in Grain.
-
-  def __call__(self, r: record.Record) -> record.Record:
-    return record.Record(r.metadata, self.fn(r.data, r.metadata.rng))
-
-
-class _MapDataWithIndex(_MapData):
-
-  def __call__(self, r: record.Record) -> record.Record:
-    return record.Record(r.metadata, self.fn(r.metadata.index, r.data))
-
-
-class _LegacyMap(_MapData):
-  # `fn` is MapOperation.apply / RandomMapOperation.apply: record -> record.
-
-  def __call__(self, r: record.Record) -> record.Record:
-    return self.fn(r)
-
-
-class _FilterData(_MapData):
-
-  def __call__(self, r: record.Record) -> bool:
-    return self.fn(r.data)
-
-
-class _LegacyFilter(_FilterData):
-
-  def __call__(self, r: record.Record) -> bool:
-    return self.fn(r)
-
-
-class _BatchRecords:
-  """Batches records' data; the batch keeps the last record's metadata (no key)."""
-
-  def __init__(self, batch_fn: Callable[[Sequence[Any]], Any] | None):
-    self.batch_fn = batch_fn or batching.make_batch
-    self.__name__ = checks.fn_name(self.batch_fn)
-
-  def __call__(self, records: Sequence[record.Record]) -> record.Record:
-    return record.Record(records[-1].metadata.remove_record_key(), self.batch_fn([r.data for r in records]))
-
-
-def _record_data(r: record.Record) -> Any:
-  return r.data
-
-
-# ---- Classifying operations ------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Op:
-  """One entry of `operations`, resolved: what it is and the function to run."""
-
-  kind: str  # map, random_map, map_with_index, filter, batch, flat_map, operation
-  fn: Any
-  batch_size: int = 0
-  drop_remainder: bool = False
-  max_fan_out: int | None = None
-
-  @property
-  def descriptor(self) -> str:
-    # Part of the checkpoint fingerprint: what changes the meaning of a
-    # position (the chain of kinds, batch sizes), not function names, so
-    # renaming a transform class keeps old checkpoints usable.
-    if self.kind == "batch":
-      return f"batch({self.batch_size}, drop_remainder={self.drop_remainder})"
-    if self.kind == "flat_map":
-      return f"flat_map(max_fan_out={self.max_fan_out})"
-    return self.kind
-
-
-_VALID_OPERATIONS = ("transforms.Map, RandomMap, TfRandomMap, MapWithIndex, Filter, FlatMap, Batch "
-                     "(loader's, Grain's or duck-typed), a legacy *Operation, or a callable from an "
-                     "iterator of Records to one")
-
-
-def _grain_legacy_name(op: Any) -> str:
-  # Grain's own legacy operation classes, recognised without importing Grain.
-  return type(op).__name__ if type(op).__module__.startswith("grain.") else ""
-
-
-def _resolve(op: Any, position: int) -> _Op:
-  """What `operations[position]` is, in the order Grain's DataLoader checks it."""
-  what = f"DataLoader operations[{position}]"
-  for method, kind in (("map", "map"), ("random_map", "random_map"), ("np_random_map", "random_map"),
-                       ("flat_map", "flat_map"), ("filter", "filter"), ("map_with_index", "map_with_index")):
-    if callable(getattr(op, method, None)):
-      fn = checks.resolve_fn(op, method, what)
-      if kind == "flat_map":
-        fan_out = getattr(op, "max_fan_out", None)
-        return _Op(kind, fn, max_fan_out=None if fan_out is None else checks.check_int(
-            fan_out, f"{what}.max_fan_out", minimum=1))
-      return _Op(kind, fn)
-  legacy = _grain_legacy_name(op)
-  is_batch = (isinstance(op, (transforms.Batch, ops.BatchOperation)) or legacy in ("Batch", "BatchOperation")
-              or (hasattr(op, "batch_size") and not callable(op)))  # Duck-typed Batch.
-  if is_batch:
-    batch_fn = getattr(op, "batch_fn", None)
-    if legacy == "BatchOperation" and getattr(batch_fn, "__name__", "") == "_default_batch_fn":
-      batch_fn = None  # Grain's np.stack default: ours stacks the same numeric leaves.
-    return _Op("batch", batch_fn,
-               batch_size=checks.check_int(op.batch_size, f"{what}.batch_size", minimum=1),
-               drop_remainder=bool(getattr(op, "drop_remainder", False)))
-  if isinstance(op, ops.MapOperation) or legacy == "MapOperation":
-    return _Op("map", _LegacyMap(ops.MapOperation(op.map_function).apply))
-  if isinstance(op, ops.RandomMapOperation) or legacy == "RandomMapOperation":
-    return _Op("random_map", _LegacyMap(ops.RandomMapOperation(op.random_map_function).apply))
-  if isinstance(op, ops.FilterOperation) or legacy == "FilterOperation":
-    return _Op("filter", _LegacyFilter(ops.FilterOperation(op.condition_function).keep))
-  if isinstance(op, type):
-    raise TypeError(f"{what} is the class {op.__name__}; pass an instance, e.g. {op.__name__}().")
-  if callable(op):
-    return _Op("operation", op)
-  raise TypeError(f"{what} is {op!r}; expected {_VALID_OPERATIONS}.")
-
-
-def _apply(ds: Any, op: _Op, lean: bool) -> Any:
-  """`ds` (MapDataset or IterDataset) with `op` applied, on elements or on records."""
-  if op.kind == "batch":
-    return ds.batch(op.batch_size, drop_remainder=op.drop_remainder, batch_fn=op.fn if lean else _BatchRecords(op.fn))
-  if op.kind == "filter":
-    return ds.filter(op.fn if lean or isinstance(op.fn, _LegacyFilter) else _FilterData(op.fn))
-  if op.kind == "flat_map":
-    return flatmap.FlatMapIterDataset(ds, _SplitRecord(op.fn, op.max_fan_out))
-  if op.kind == "operation":
-    return _OperationIterDataset(ds, op.fn)
-  if lean or isinstance(op.fn, _LegacyMap):
-    return ds.map(op.fn)
-  return ds.map({"map": _MapData, "random_map": _RandomMapData, "map_with_index": _MapDataWithIndex}[op.kind](op.fn))
-
-
-# ---- Sequential stages -----------------------------------------------------
-
-
-class _SplitRecord:
-  """FlatMap on a record, with the metadata Grain's DataLoader gives the parts.
-
-  Part j of the record at index i gets index i * max_fan_out + j, no record
-  key and no generator.
-  """
-
-  def __init__(self, fn: Callable[[Any], Sequence[Any]], max_fan_out: int | None):
-    self.fn = fn
-    self.max_fan_out = max_fan_out
-    self.__name__ = checks.fn_name(fn)
-
-  def __call__(self, r: record.Record) -> list[record.Record]:
-    parts = list(self.fn(r.data))
-    if self.max_fan_out is not None and len(parts) > self.max_fan_out:
-      raise ValueError(f"FlatMap {checks.fn_name(self.fn)} split an element into {len(parts)} parts, "
-                       f"more than its max_fan_out={self.max_fan_out}; raise max_fan_out.")
-    base = r.metadata.index * (self.max_fan_out or 1)
-    return [record.Record(record.RecordMetadata(index=base + j), x) for j, x in enumerate(parts)]
-
-
-class _OperationIterDataset(iter_dataset.SequentialIterDataset):
-  """A custom Operation (iterator of records -> iterator of records).
-
-  As in Grain, the operation's own buffering is not checkpointed: the state
-  is the parent's, so a restore right after a buffering operation consumed
-  more input than it yielded skips those inputs.
-  """
-
-  def __init__(self, parent: iter_dataset.IterDataset, operation: Callable[[Iterator[Any]], Iterator[Any]]):
-    super().__init__(parent)
-    self._operation = operation
-
-  def _op_repr(self) -> str:
-    return f".operation({checks.fn_name(self._operation)})"
-
-  def make_iterator(self, parent: iter_dataset.DatasetIterator) -> iter_dataset.DatasetIterator:
-    return _OperationIterator(parent, self._operation)
-
-
-class _OperationIterator(iter_dataset.DatasetIterator):
-
-  def __init__(self, parent: iter_dataset.DatasetIterator, operation: Callable[[Iterator[Any]], Iterator[Any]]):
-    super().__init__(parent)
-    self._operation = operation
-    self._iterator = iter(operation(_Pull(parent)))
-
-  def __next__(self) -> Any:
-    return next(self._iterator)
-
-  def get_state(self) -> dict[str, Any]:
-    return self._parent.get_state()
-
-  def set_state(self, state: dict[str, Any]) -> None:
-    self._parent.set_state(state)
-    self._iterator = iter(self._operation(_Pull(self._parent)))
-
-
-class _Pull:
-  # A plain iterator over a DatasetIterator that the operation cannot close.
-
-  def __init__(self, it: iter_dataset.DatasetIterator):
-    self._it = it
-
-  def __iter__(self):
-    return self
-
-  def __next__(self):
-    return next(self._it)
-
-
-# ---- The sampler as a MapDataset -------------------------------------------
-
-
-def _sampler_length(sampler: Any) -> int:
-  if hasattr(sampler, "__len__"):
-    return len(sampler)
-  lo, hi = 0, sys.maxsize  # Grain's rule for samplers without a length.
-  while lo < hi:
-    mid = (lo + hi) // 2
-    try:
-      sampler[mid]  # pylint: disable=pointless-statement
-      lo = mid + 1
-    except IndexError:
-      hi = mid
-  return lo
-
-
-class _SamplerMapDataset(map_dataset.MapDataset):
-  """Position p of this shard -> Record of sampler index p * shard_count + shard_index."""
-
-  def __init__(self, data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, *, with_rng: bool,
-               lean: bool):
-    super().__init__(map_dataset.MapDataset.source(data_source))
-    self._lean = lean  # Plain elements instead of Records.
-    self._sampler = sampler
-    self._shard_index = shard_options.shard_index
-    self._shard_count = shard_options.shard_count
-    self._len = _sampler_length(sampler) // self._shard_count
-    # Our samplers give record keys for a whole chunk in one call and attach
-    # a generator only when an operation can use it (Philox setup costs
-    # microseconds per record); any other sampler is asked one index at a time.
-    self._batched = isinstance(sampler, (samplers_lib.IndexSampler, samplers_lib.SequentialSampler))
-    self._rng_seed = sampler._rng_seed if self._batched and with_rng else None  # pylint: disable=protected-access
-
-  def __len__(self) -> int:
-    return self._len
-
-  def __repr__(self) -> str:
-    return f"DataLoader({self._sampler!r}, shard={self._shard_index}/{self._shard_count})"
-
-  def _op_repr(self) -> str:
-    # Part of the engine's state description (loader.state).
-    return f".sampler({self._sampler!r}, shard={self._shard_index}/{self._shard_count})"
-
-  def _getitems(self, indices: np.ndarray) -> list[Any]:
-    global_indices = indices * self._shard_count + self._shard_index
-    if self._batched and self._lean:
-      return self._parent._getitems(self._sampler._record_keys(global_indices))  # pylint: disable=protected-access
-    if self._batched:
-      keys = self._sampler._record_keys(global_indices)  # pylint: disable=protected-access
-      seed = self._rng_seed
-      metas = [record.RecordMetadata(index=g, record_key=k,
-                                     rng=None if seed is None else samplers_lib.record_rng(seed, g))
-               for g, k in zip(global_indices.tolist(), keys.tolist())]
-    else:
-      metas = [self._sampler[g] for g in global_indices.tolist()]
-      keys = np.array([m.record_key for m in metas], dtype=np.int64)
-    data = self._parent._getitems(keys)  # pylint: disable=protected-access
-    if self._lean:
-      return data
-    return [record.Record(m, d) for m, d in zip(metas, data)]
-
-
-# ---- DataLoader ------------------------------------------------------------
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -434,56 +140,15 @@ class DataLoader:
     self._shard_options = _as_shard_options(shard_options, "shard_options")
     self._data_source = data_source
     self._sampler = sampler
-    self._operations = [_resolve(op, i) for i, op in enumerate(operations)]
+    self._operations = [pipeline_lib.resolve(op, i) for i, op in enumerate(operations)]
     self._read_options = _as_read_options(read_options)
     self._multiprocessing_options = _multiprocessing_options(worker_count, worker_buffer_size, enable_profiling)
-    self._dataset = self._create_dataset()
+    self._pipeline = pipeline_lib.build(data_source, sampler, self._shard_options, self._operations,
+                                        self._read_options, self._multiprocessing_options)
 
   @property
   def multiprocessing_options(self) -> options_lib.MultiprocessingOptions:
     return self._multiprocessing_options
-
-  def _create_dataset(self) -> iter_dataset.IterDataset:
-    """The pipeline on loader's engine.
-
-    Operations are folded into the MapDataset (random access: computed in
-    workers, in parallel) until the first one that cannot be: a batch after
-    a filter, a flat_map or a custom operation. The rest run sequentially.
-    Sets `_num_positions` (sampler positions of this shard), `_prefix_len`
-    (length of the folded MapDataset, whose index is the engine's position)
-    and `_records_per_position` (sampler positions per folded position),
-    which translate Grain's positions into ours.
-    """
-    # Records (data + metadata) are only needed when an operation can see the
-    # metadata: random ops (the record's generator), map_with_index, flat_map
-    # and legacy operations. Otherwise plain elements flow, which saves a
-    # third of the per-element cost.
-    lean = all(op.kind in ("map", "filter", "batch") and not isinstance(op.fn, (_LegacyMap, _LegacyFilter))
-               for op in self._operations)
-    with_rng = any(op.kind in ("random_map", "operation") for op in self._operations)
-    ds = _SamplerMapDataset(self._data_source, self._sampler, self._shard_options, with_rng=with_rng, lean=lean)
-    self._num_positions = len(ds)
-    records_per_position = 1
-    may_have_holes = False
-    rest = list(self._operations)
-    while rest and rest[0].kind in ("map", "random_map", "map_with_index", "filter", "batch"):
-      op = rest[0]
-      if op.kind == "batch":
-        if may_have_holes:
-          break  # A MapDataset cannot batch around filtered-out holes.
-        records_per_position *= op.batch_size
-      may_have_holes |= op.kind == "filter"
-      ds = _apply(ds, op, lean)
-      rest.pop(0)
-    self._prefix_len, self._records_per_position = len(ds), records_per_position
-    it_ds = ds.to_iter_dataset(self._read_options)
-    for op in rest:
-      it_ds = _apply(it_ds, op, lean)
-    if not lean:
-      it_ds = it_ds.map(_record_data)
-    if self._multiprocessing_options.num_workers > 0:
-      it_ds = it_ds.mp_prefetch(self._multiprocessing_options)
-    return it_ds
 
   def __iter__(self) -> DataLoaderIterator:
     return DataLoaderIterator(self)
@@ -590,7 +255,7 @@ class DataLoaderIterator(collections.abc.Iterator):
 
   def __init__(self, data_loader: DataLoader, state: bytes | None = None):
     self._data_loader = data_loader
-    self._iterator = iter(data_loader._dataset)  # pylint: disable=protected-access
+    self._iterator = iter(data_loader._pipeline.dataset)  # pylint: disable=protected-access
     if state is not None:
       self.set_state(state)
 
@@ -631,8 +296,9 @@ class DataLoaderIterator(collections.abc.Iterator):
   def _set_grain_state(self, state: dict[str, Any]) -> None:
     loader = self._data_loader
     k = loader._check_grain_state(state)  # pylint: disable=protected-access
-    per, prefix_len = loader._records_per_position, loader._prefix_len  # pylint: disable=protected-access
-    if k >= loader._num_positions:  # pylint: disable=protected-access
+    pipeline = loader._pipeline  # pylint: disable=protected-access
+    per, prefix_len = pipeline.records_per_position, pipeline.prefix_len
+    if k >= pipeline.num_positions:
       position = prefix_len  # Grain had read everything.
     elif k % per == 0:
       position = k // per

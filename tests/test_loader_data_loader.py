@@ -19,7 +19,6 @@ import pytest
 
 import loader.python as lp
 from loader import checkpoint
-from loader import data_loader
 from loader import transforms
 from tests import loader_testing
 

@@ -1,0 +1,375 @@
+"""How `DataLoader` runs its operations on loader's engine.
+
+`resolve` classifies each entry of `operations` as Grain's DataLoader does
+(Map, RandomMap, TfRandomMap, FlatMap, Filter, Batch, then legacy
+operations), by duck typing so loader's, Grain's and look-alike classes all
+work. `build` turns a sampler, a source and the resolved operations into one
+pipeline: a `SamplerMapDataset` (position p of this shard -> the sampler's
+record p * shard_count + shard_index), the operations folded into that
+MapDataset while they are random access, the rest as sequential stages.
+
+Elements flow as `Record`s (data + metadata) only when an operation can see
+the metadata: random maps (the record's generator, seeded as Grain seeds
+it), map_with_index, flat_map and legacy operations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from loader import batching
+from loader import checks
+from loader import iter_dataset
+from loader import map_dataset
+from loader import operations as ops
+from loader import options as options_lib
+from loader import record
+from loader import samplers as samplers_lib
+from loader import sharding
+from loader import transforms
+from loader.transformations import flatmap
+
+
+# ---- Operations on records ---------------------------------------------------
+# Small picklable callables (workers receive them) that apply a user transform
+# to a record's data and keep its metadata, as Grain's DataLoader does.
+
+
+class _MapData:
+
+  def __init__(self, fn: Callable[[Any], Any]):
+    self.fn = fn
+    self.__name__ = checks.fn_name(fn)
+
+  def __call__(self, r: record.Record) -> record.Record:
+    return record.Record(r.metadata, self.fn(r.data))
+
+
+class _RandomMapData(_MapData):
+  # The rng is the record's own (seeded from the sampler seed and its index);
+  # successive random ops on one record share and advance it, as in Grain.
+
+  def __call__(self, r: record.Record) -> record.Record:
+    return record.Record(r.metadata, self.fn(r.data, r.metadata.rng))
+
+
+class _MapDataWithIndex(_MapData):
+
+  def __call__(self, r: record.Record) -> record.Record:
+    return record.Record(r.metadata, self.fn(r.metadata.index, r.data))
+
+
+class _LegacyMap(_MapData):
+  # `fn` is MapOperation.apply / RandomMapOperation.apply: record -> record.
+
+  def __call__(self, r: record.Record) -> record.Record:
+    return self.fn(r)
+
+
+class _FilterData(_MapData):
+
+  def __call__(self, r: record.Record) -> bool:
+    return self.fn(r.data)
+
+
+class _LegacyFilter(_FilterData):
+
+  def __call__(self, r: record.Record) -> bool:
+    return self.fn(r)
+
+
+class _BatchRecords:
+  """Batches records' data; the batch keeps the last record's metadata (no key)."""
+
+  def __init__(self, batch_fn: Callable[[Sequence[Any]], Any] | None):
+    self.batch_fn = batch_fn or batching.make_batch
+    self.__name__ = checks.fn_name(self.batch_fn)
+
+  def __call__(self, records: Sequence[record.Record]) -> record.Record:
+    return record.Record(records[-1].metadata.remove_record_key(), self.batch_fn([r.data for r in records]))
+
+
+def record_data(r: record.Record) -> Any:
+  return r.data
+
+
+# ---- Classifying operations ------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+  """One entry of `operations`, resolved: what it is and the function to run."""
+
+  kind: str  # map, random_map, map_with_index, filter, batch, flat_map, operation
+  fn: Any
+  batch_size: int = 0
+  drop_remainder: bool = False
+  max_fan_out: int | None = None
+
+  @property
+  def descriptor(self) -> str:
+    # Part of the checkpoint fingerprint: what changes the meaning of a
+    # position (the chain of kinds, batch sizes), not function names, so
+    # renaming a transform class keeps old checkpoints usable.
+    if self.kind == "batch":
+      return f"batch({self.batch_size}, drop_remainder={self.drop_remainder})"
+    if self.kind == "flat_map":
+      return f"flat_map(max_fan_out={self.max_fan_out})"
+    return self.kind
+
+
+_VALID_OPERATIONS = ("transforms.Map, RandomMap, TfRandomMap, MapWithIndex, Filter, FlatMap, Batch "
+                     "(loader's, Grain's or duck-typed), a legacy *Operation, or a callable from an "
+                     "iterator of Records to one")
+
+
+def _grain_legacy_name(op: Any) -> str:
+  # Grain's own legacy operation classes, recognised without importing Grain.
+  return type(op).__name__ if type(op).__module__.startswith("grain.") else ""
+
+
+def resolve(op: Any, position: int) -> Op:
+  """What `operations[position]` is, in the order Grain's DataLoader checks it."""
+  what = f"DataLoader operations[{position}]"
+  for method, kind in (("map", "map"), ("random_map", "random_map"), ("np_random_map", "random_map"),
+                       ("flat_map", "flat_map"), ("filter", "filter"), ("map_with_index", "map_with_index")):
+    if callable(getattr(op, method, None)):
+      fn = checks.resolve_fn(op, method, what)
+      if kind == "flat_map":
+        fan_out = getattr(op, "max_fan_out", None)
+        return Op(kind, fn, max_fan_out=None if fan_out is None else checks.check_int(
+            fan_out, f"{what}.max_fan_out", minimum=1))
+      return Op(kind, fn)
+  legacy = _grain_legacy_name(op)
+  is_batch = (isinstance(op, (transforms.Batch, ops.BatchOperation)) or legacy in ("Batch", "BatchOperation")
+              or (hasattr(op, "batch_size") and not callable(op)))  # Duck-typed Batch.
+  if is_batch:
+    batch_fn = getattr(op, "batch_fn", None)
+    if legacy == "BatchOperation" and getattr(batch_fn, "__name__", "") == "_default_batch_fn":
+      batch_fn = None  # Grain's np.stack default: ours stacks the same numeric leaves.
+    return Op("batch", batch_fn,
+               batch_size=checks.check_int(op.batch_size, f"{what}.batch_size", minimum=1),
+               drop_remainder=bool(getattr(op, "drop_remainder", False)))
+  if isinstance(op, ops.MapOperation) or legacy == "MapOperation":
+    return Op("map", _LegacyMap(ops.MapOperation(op.map_function).apply))
+  if isinstance(op, ops.RandomMapOperation) or legacy == "RandomMapOperation":
+    return Op("random_map", _LegacyMap(ops.RandomMapOperation(op.random_map_function).apply))
+  if isinstance(op, ops.FilterOperation) or legacy == "FilterOperation":
+    return Op("filter", _LegacyFilter(ops.FilterOperation(op.condition_function).keep))
+  if isinstance(op, type):
+    raise TypeError(f"{what} is the class {op.__name__}; pass an instance, e.g. {op.__name__}().")
+  if callable(op):
+    return Op("operation", op)
+  raise TypeError(f"{what} is {op!r}; expected {_VALID_OPERATIONS}.")
+
+
+def apply(ds: Any, op: Op, lean: bool) -> Any:
+  """`ds` (MapDataset or IterDataset) with `op` applied, on elements or on records."""
+  if op.kind == "batch":
+    return ds.batch(op.batch_size, drop_remainder=op.drop_remainder, batch_fn=op.fn if lean else _BatchRecords(op.fn))
+  if op.kind == "filter":
+    return ds.filter(op.fn if lean or isinstance(op.fn, _LegacyFilter) else _FilterData(op.fn))
+  if op.kind == "flat_map":
+    return flatmap.FlatMapIterDataset(ds, _SplitRecord(op.fn, op.max_fan_out))
+  if op.kind == "operation":
+    return OperationIterDataset(ds, op.fn)
+  if lean or isinstance(op.fn, _LegacyMap):
+    return ds.map(op.fn)
+  return ds.map({"map": _MapData, "random_map": _RandomMapData, "map_with_index": _MapDataWithIndex}[op.kind](op.fn))
+
+
+# ---- Sequential stages -----------------------------------------------------
+
+
+class _SplitRecord:
+  """FlatMap on a record, with the metadata Grain's DataLoader gives the parts.
+
+  Part j of the record at index i gets index i * max_fan_out + j, no record
+  key and no generator.
+  """
+
+  def __init__(self, fn: Callable[[Any], Sequence[Any]], max_fan_out: int | None):
+    self.fn = fn
+    self.max_fan_out = max_fan_out
+    self.__name__ = checks.fn_name(fn)
+
+  def __call__(self, r: record.Record) -> list[record.Record]:
+    parts = list(self.fn(r.data))
+    if self.max_fan_out is not None and len(parts) > self.max_fan_out:
+      raise ValueError(f"FlatMap {checks.fn_name(self.fn)} split an element into {len(parts)} parts, "
+                       f"more than its max_fan_out={self.max_fan_out}; raise max_fan_out.")
+    base = r.metadata.index * (self.max_fan_out or 1)
+    return [record.Record(record.RecordMetadata(index=base + j), x) for j, x in enumerate(parts)]
+
+
+class OperationIterDataset(iter_dataset.SequentialIterDataset):
+  """A custom Operation (iterator of records -> iterator of records).
+
+  As in Grain, the operation's own buffering is not checkpointed: the state
+  is the parent's, so a restore right after a buffering operation consumed
+  more input than it yielded skips those inputs.
+  """
+
+  def __init__(self, parent: iter_dataset.IterDataset, operation: Callable[[Iterator[Any]], Iterator[Any]]):
+    super().__init__(parent)
+    self._operation = operation
+
+  def _op_repr(self) -> str:
+    return f".operation({checks.fn_name(self._operation)})"
+
+  def make_iterator(self, parent: iter_dataset.DatasetIterator) -> iter_dataset.DatasetIterator:
+    return OperationIterator(parent, self._operation)
+
+
+class OperationIterator(iter_dataset.DatasetIterator):
+
+  def __init__(self, parent: iter_dataset.DatasetIterator, operation: Callable[[Iterator[Any]], Iterator[Any]]):
+    super().__init__(parent)
+    self._operation = operation
+    self._iterator = iter(operation(_Pull(parent)))
+
+  def __next__(self) -> Any:
+    return next(self._iterator)
+
+  def get_state(self) -> dict[str, Any]:
+    return self._parent.get_state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._parent.set_state(state)
+    self._iterator = iter(self._operation(_Pull(self._parent)))
+
+
+class _Pull:
+  # A plain iterator over a DatasetIterator that the operation cannot close.
+
+  def __init__(self, it: iter_dataset.DatasetIterator):
+    self._it = it
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return next(self._it)
+
+
+# ---- The sampler as a MapDataset -------------------------------------------
+
+
+def _sampler_length(sampler: Any) -> int:
+  if hasattr(sampler, "__len__"):
+    return len(sampler)
+  lo, hi = 0, sys.maxsize  # Grain's rule for samplers without a length.
+  while lo < hi:
+    mid = (lo + hi) // 2
+    try:
+      sampler[mid]  # pylint: disable=pointless-statement
+      lo = mid + 1
+    except IndexError:
+      hi = mid
+  return lo
+
+
+class SamplerMapDataset(map_dataset.MapDataset):
+  """Position p of this shard -> Record of sampler index p * shard_count + shard_index."""
+
+  def __init__(self, data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, *, with_rng: bool,
+               lean: bool):
+    super().__init__(map_dataset.MapDataset.source(data_source))
+    self._lean = lean  # Plain elements instead of Records.
+    self._sampler = sampler
+    self._shard_index = shard_options.shard_index
+    self._shard_count = shard_options.shard_count
+    self._len = _sampler_length(sampler) // self._shard_count
+    # Our samplers give record keys for a whole chunk in one call and attach
+    # a generator only when an operation can use it (Philox setup costs
+    # microseconds per record); any other sampler is asked one index at a time.
+    self._batched = isinstance(sampler, (samplers_lib.IndexSampler, samplers_lib.SequentialSampler))
+    self._rng_seed = sampler._rng_seed if self._batched and with_rng else None  # pylint: disable=protected-access
+
+  def __len__(self) -> int:
+    return self._len
+
+  def __repr__(self) -> str:
+    return f"DataLoader({self._sampler!r}, shard={self._shard_index}/{self._shard_count})"
+
+  def _op_repr(self) -> str:
+    # Part of the engine's state description (loader.state).
+    return f".sampler({self._sampler!r}, shard={self._shard_index}/{self._shard_count})"
+
+  def _getitems(self, indices: np.ndarray) -> list[Any]:
+    global_indices = indices * self._shard_count + self._shard_index
+    if self._batched and self._lean:
+      return self._parent._getitems(self._sampler._record_keys(global_indices))  # pylint: disable=protected-access
+    if self._batched:
+      keys = self._sampler._record_keys(global_indices)  # pylint: disable=protected-access
+      seed = self._rng_seed
+      metas = [record.RecordMetadata(index=g, record_key=k,
+                                     rng=None if seed is None else samplers_lib.record_rng(seed, g))
+               for g, k in zip(global_indices.tolist(), keys.tolist())]
+    else:
+      metas = [self._sampler[g] for g in global_indices.tolist()]
+      keys = np.array([m.record_key for m in metas], dtype=np.int64)
+    data = self._parent._getitems(keys)  # pylint: disable=protected-access
+    if self._lean:
+      return data
+    return [record.Record(m, d) for m, d in zip(metas, data)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+  """A DataLoader's pipeline and what its engine positions mean.
+
+  Attributes:
+    dataset: The IterDataset to iterate.
+    num_positions: Sampler positions of this shard.
+    prefix_len: Length of the MapDataset the operations were folded into;
+      the engine's position ("next_index") indexes it.
+    records_per_position: Sampler positions per folded position (the product
+      of the folded batch sizes).
+  """
+
+  dataset: iter_dataset.IterDataset
+  num_positions: int
+  prefix_len: int
+  records_per_position: int
+
+
+def build(data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, operations: Sequence[Op],
+          read_options: options_lib.ReadOptions, mp_options: options_lib.MultiprocessingOptions) -> Pipeline:
+  """The pipeline on loader's engine.
+
+  Operations are folded into the MapDataset (random access: computed in
+  workers, in parallel) until the first one that cannot be: a batch after a
+  filter, a flat_map or a custom operation. The rest run sequentially.
+  """
+  lean = all(op.kind in ("map", "filter", "batch") and not isinstance(op.fn, (_LegacyMap, _LegacyFilter))
+             for op in operations)
+  with_rng = any(op.kind in ("random_map", "operation") for op in operations)
+  ds = SamplerMapDataset(data_source, sampler, shard_options, with_rng=with_rng, lean=lean)
+  num_positions = len(ds)
+  records_per_position = 1
+  may_have_holes = False
+  rest = list(operations)
+  while rest and rest[0].kind in ("map", "random_map", "map_with_index", "filter", "batch"):
+    op = rest[0]
+    if op.kind == "batch":
+      if may_have_holes:
+        break  # A MapDataset cannot batch around filtered-out holes.
+      records_per_position *= op.batch_size
+    may_have_holes |= op.kind == "filter"
+    ds = apply(ds, op, lean)
+    rest.pop(0)
+  prefix_len = len(ds)
+  it_ds = ds.to_iter_dataset(read_options)
+  for op in rest:
+    it_ds = apply(it_ds, op, lean)
+  if not lean:
+    it_ds = it_ds.map(record_data)
+  if mp_options.num_workers > 0:
+    it_ds = it_ds.mp_prefetch(mp_options)
+  return Pipeline(it_ds, num_positions, prefix_len, records_per_position)
