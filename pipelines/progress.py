@@ -22,6 +22,7 @@ import time
 from typing import Callable, Iterable, Sequence, TextIO
 
 from converter import writer as _writer
+from loader import ondisk
 
 # Seconds between polls: listing a bucket costs requests, a local folder little.
 LOCAL_POLL_S = 0.5
@@ -172,8 +173,9 @@ class Watcher:
       listed = _listing(folder)
       temps: dict[str, int] = collections.defaultdict(int)
       for name, (size, _) in listed.items():
-        if name.startswith(".") and ".tmp-" in name:
-          temps[name[1:name.rindex(".tmp-")]] += size
+        parsed = ondisk.parse_temp_name(name)
+        if parsed:
+          temps[parsed[0]] += size
       for s in shards:
         name = _split(s.output)[1]
         if s.output in self._done:
