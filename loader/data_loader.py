@@ -174,7 +174,8 @@ class DataLoader:
     if state["version"] != _GRAIN_STATE_VERSION:
       raise ValueError(f"Grain DataLoader state version {state['version']!r} is not supported "
                        f"(loader reads Grain's version {_GRAIN_STATE_VERSION}).")
-    for key, mine in (("sampler", {_stable_repr(self._sampler)}), ("data_source", _grain_source_reprs(self._data_source))):
+    expected = {"sampler": {_stable_repr(self._sampler)}, "data_source": _grain_source_reprs(self._data_source)}
+    for key, mine in expected.items():
       if _ADDRESS.sub("", str(state[key])) not in mine:
         raise ValueError(f"Grain DataLoader state is for another pipeline: {key} {state[key]!r} != "
                          f"this DataLoader's {' or '.join(map(repr, sorted(mine)))}.")
@@ -188,7 +189,11 @@ class DataLoader:
     stride = workers * shard_count
     # Grain's worker w reads this shard's positions w, w + workers, ...;
     # last_seen is the global sampler index of the last one it read.
-    consumed = [(int(seen[str(w)]) + stride - shard_index - w * shard_count) // stride for w in range(workers)]
+    offsets = [int(seen[str(w)]) - shard_index - w * shard_count for w in range(workers)]
+    if any(o % stride for o in offsets):
+      raise ValueError(f"This Grain state was written by another shard or worker layout: its last seen indices "
+                       f"{seen} are not those of shard {shard_index} of {shard_count} with {grain_workers} workers.")
+    consumed = [o // stride + 1 for o in offsets]
     k = sum(consumed)
     if any(n != max(0, -(-(k - w) // workers)) for w, n in enumerate(consumed)):
       raise ValueError(
@@ -281,7 +286,8 @@ class DataLoaderIterator(collections.abc.Iterator):
       self._set_grain_state(state)
     else:
       raise ValueError(f"Not a DataLoader state (keys {sorted(state)}); expected the bytes "
-                       "DataLoaderIterator.get_state() returned, from loader or Grain 0.2.18.")
+                       "DataLoaderIterator.get_state() returned, from loader or Grain 0.2.18 (Grain's states of "
+                       "pipelines with a FlatMap are dataset states, which loader cannot resume).")
 
   def _set_own_state(self, state: dict[str, Any]) -> None:
     if state.get("version") != _STATE_VERSION:

@@ -470,3 +470,11 @@ def test_shard_options_from_the_sampler_and_grains_read_options():
 
   assert_same_stream(take(snippet(lp, read_options=gp.ReadOptions(num_threads=2), worker_buffer_size=0,
                                   enable_profiling=True)), take(snippet(gp)))
+
+
+def test_grain_state_of_another_shard_is_refused():
+  config = dict(n=12, shard=(0, 3, False), sampler_shard=False, ops=lambda g: [g.Batch(2)])
+  it = iter(make_loader(gp, **config))
+  next(it)
+  with pytest.raises(ValueError, match="written by another shard or worker layout"):
+    iter(make_loader(lp, **{**config, "shard": (1, 3, False)})).set_state(it.get_state())
