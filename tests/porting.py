@@ -1,0 +1,135 @@
+"""Port-by-import harness: run Grain code as written, then with only its import lines changed.
+
+A snippet is a source string written for Grain 0.2.18 (`import grain`,
+`import grain.python as grain`, `from grain import python as grain`,
+`from grain.experimental import X`, ...). `run_both` executes it once as is on
+real Grain and once through `to_loader`, which rewrites those import lines and
+nothing else, so a passing test is evidence that the port is a one-line change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import types
+from typing import Any
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBS = ("grain", "loader")
+
+# `import grain...` / `from grain... import ...` at any indentation; `grain\b`
+# leaves names such as `grain_utils` alone.
+_GRAIN_IMPORT = re.compile(r"^(?P<indent>[ \t]*)(?P<kind>import|from)[ \t]+grain\b(?P<rest>[^\n]*)$", re.M)
+
+
+def _rewrite(match: re.Match) -> str:
+  indent, kind = match["indent"], match["kind"]
+  rest, hash_, comment = match["rest"].partition("#")
+  comment = f"  {hash_}{comment}" if hash_ else ""
+  if kind == "from":  # from grain[.sub] import names
+    return f"{indent}from loader{rest.rstrip()}{comment}"
+  if "," in rest:
+    raise ValueError(f"split this import into one module per line to port it: {match[0].strip()!r}")
+  module, as_, alias = rest.partition(" as ")
+  module = module.strip()
+  if as_:
+    return f"{indent}import loader{module} as {alias.strip()}{comment}"
+  if module:  # `import grain.python` binds the name `grain`, which `import loader.python` would not.
+    raise ValueError(f"write `import grain{module} as <name>` to port it: {match[0].strip()!r}")
+  return f"{indent}import loader as grain{comment}"
+
+
+def to_loader(source: str) -> str:
+  """`source` with each Grain import line pointed at loader; every other line unchanged."""
+  ported, count = _GRAIN_IMPORT.subn(_rewrite, source)
+  if not count:
+    raise ValueError("the snippet has no `import grain` / `from grain` line to port")
+  return ported
+
+
+def source_for(source: str, lib: str) -> str:
+  if lib not in LIBS:
+    raise ValueError(f"lib must be one of {LIBS} (got {lib!r})")
+  source = textwrap.dedent(source)
+  return source if lib == "grain" else to_loader(source)
+
+
+def run(source: str, lib: str, **inputs: Any) -> types.SimpleNamespace:
+  """Executes the snippet for `lib` in a fresh module; returns its globals.
+
+  `inputs` are predefined globals (paths of the test's data, sizes). The module
+  is not put in sys.modules, so cloudpickle sends the snippet's functions and
+  classes to worker processes by value, as it does for a script's `__main__`.
+  """
+  module = types.ModuleType(f"snippet_{lib}")
+  module.__dict__.update(inputs)
+  exec(compile(source_for(source, lib), f"<{lib} snippet>", "exec"), module.__dict__)  # pylint: disable=exec-used
+  return types.SimpleNamespace(**{k: v for k, v in module.__dict__.items() if not k.startswith("__")})
+
+
+def run_both(source: str, **inputs: Any) -> tuple[types.SimpleNamespace, types.SimpleNamespace]:
+  """(Grain's globals, loader's globals) after running the snippet on each."""
+  return run(source, "grain", **inputs), run(source, "loader", **inputs)
+
+
+def run_script(source: str, lib: str, directory: str | os.PathLike, *args: str, timeout: float = 300) -> Any:
+  """Runs the snippet as a `__main__` script (for worker processes); returns the JSON its last line prints."""
+  path = os.path.join(os.fspath(directory), f"snippet_{lib}.py")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(source_for(source, lib))
+  env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, path, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                        cwd=os.fspath(directory), check=False)
+  if proc.returncode:
+    raise AssertionError(f"{lib} script failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def plain(x: Any) -> Any:
+  """Nested lists/dicts/scalars: compares element values whatever the container or array dtype.
+
+  loader batches bytes into numpy object arrays where Grain makes fixed-width
+  `S` arrays (a documented difference); both become lists of bytes here.
+  """
+  if isinstance(x, np.ndarray):
+    return [plain(v) for v in x] if x.ndim else plain(x.item())
+  if isinstance(x, np.generic):
+    return x.item()
+  if isinstance(x, dict):
+    return {k: plain(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [plain(v) for v in x]
+  return x
+
+
+def key(x: Any) -> str:
+  """A sortable, hashable key of an element's value (for comparing sets and multisets)."""
+  return json.dumps(plain(x), sort_keys=True, default=repr)
+
+
+def same_multiset(a: list, b: list) -> bool:
+  return sorted(map(key, a)) == sorted(map(key, b))
+
+
+def structure(x: Any) -> Any:
+  """Shapes and dtype kinds of an element's arrays (bytes/str arrays count as 'bytes'/'str')."""
+  if isinstance(x, dict):
+    return {k: structure(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [structure(v) for v in x]
+  if isinstance(x, np.ndarray):
+    kind = x.dtype.kind
+    if kind in "SO" and x.size and isinstance(x.flat[0], bytes):
+      kind = "bytes"
+    elif kind in "UO" and x.size and isinstance(x.flat[0], str):
+      kind = "str"
+    else:
+      kind = str(x.dtype)
+    return (x.shape, kind)
+  return type(x).__name__

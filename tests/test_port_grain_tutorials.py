@@ -1,0 +1,539 @@
+"""Grain 0.2.18's documentation tutorials, run unchanged on Grain and with only the import line on loader.
+
+Sources (github.com/google/grain at tag v0.2.18): docs/tutorials/dataset_basic_tutorial.md,
+data_loader_tutorial.md, data_sources/arrayrecord_data_source_tutorial.md and
+dataset_advanced_tutorial.md (checkpointing, mixing, the prefetch / performance
+config sections). Cells are kept as written except: prints and plots dropped
+(their values kept in variables), sizes shrunk, and the tutorials' downloads
+(TFDS datasets, a pretrained tokenizer, OpenCV) replaced by small local
+stand-ins defined in the snippet. Shuffled order differs from Grain's by
+design, so where a shuffle is involved the tests compare element multisets,
+counts and shapes; everything else is compared exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests import porting
+from tests.porting import plain, same_multiset, structure
+
+# ---- Dataset basics (docs/tutorials/dataset_basic_tutorial.md) -------------
+
+DATASET_BASICS = """
+from pprint import pprint
+import grain
+
+dataset = (
+    # You can also use a shortcut grain.MapDataset.range for
+    # range-like input.
+    grain.MapDataset.source([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    .shuffle(seed=10)  # Shuffles globally.
+    .map(lambda x: x + 1)  # Maps each element.
+    .batch(batch_size=2)  # Batches consecutive elements.
+)
+first_dataset = dataset
+first_item = dataset[0]
+first_list = list(dataset)
+
+
+# Note: Inheriting `grain.RandomAccessDataSource` is optional but recommended.
+class MySource(grain.sources.RandomAccessDataSource):
+
+  def __init__(self):
+    self._data = [0, 1, 2, 3, 4, 5, 6, 7]
+
+  def __getitem__(self, idx):
+    return self._data[idx]
+
+  def __len__(self):
+    return len(self._data)
+
+
+source = MySource()
+
+dataset = (
+    grain.MapDataset.source(source)
+    .shuffle(seed=10)  # Shuffles globally.
+    .map(lambda x: x + 1)  # Maps each element.
+    .batch(batch_size=2)  # Batches consecutive elements.
+)
+second_item = dataset[0]
+second_list = list(dataset)
+
+# Prints the 3rd element of the second epoch.
+third_of_second_epoch = dataset[len(dataset) + 2]
+epochs_equal = dataset[len(dataset) + 2] == dataset[2]
+
+filtered_dataset = dataset.filter(lambda e: (e[0] + e[1]) % 2 == 0)
+filtered_length = f"Length of this dataset: {len(filtered_dataset)}"
+filtered = [filtered_dataset[i] for i in range(len(filtered_dataset))]
+
+shard_index = 0
+shard_count = 2
+
+sharded_dataset = dataset[shard_index::shard_count]
+sharded_length = f"Sharded dataset length = {len(sharded_dataset)}"
+sharded = [sharded_dataset[0], sharded_dataset[1]]
+
+iter_dataset = sharded_dataset.to_iter_dataset(
+    grain.ReadOptions(num_threads=16, prefetch_buffer_size=500)
+)
+
+iterated = []
+for element in iter_dataset:
+  iterated.append(element)
+
+ds = (
+    grain.MapDataset.range(10)
+    .filter(lambda x: x % 2 == 0)
+    .to_iter_dataset()
+    .batch(2)  # Calling `batch` before `to_iter_dataset` will raise an error.
+)
+batched_after_filter = list(ds)
+
+dataset_iter = iter(dataset)
+is_dataset_iterator = isinstance(dataset_iter, grain.DatasetIterator)
+
+before_checkpoint = next(dataset_iter)
+checkpoint = dataset_iter.get_state()
+after_checkpoint = next(dataset_iter)
+# Recover the iterator to the state after the first produced element.
+dataset_iter.set_state(checkpoint)
+after_restore = next(dataset_iter)  # This should generate the same element as above
+"""
+
+
+def _flat(batches):
+  return sorted(int(v) for b in batches for v in np.ravel(b))
+
+
+def test_dataset_basics_tutorial():
+  g, l = porting.run_both(DATASET_BASICS)
+  for ns in (g, l):
+    # Shuffled: the same elements in every epoch, batches of the same shapes.
+    assert _flat(ns.first_list) == list(range(1, 12))
+    assert [b.shape for b in ns.first_list] == [(2,)] * 5 + [(1,)]
+    np.testing.assert_array_equal(ns.first_item, ns.first_list[0])
+    assert _flat(ns.second_list) == list(range(1, 9))
+    np.testing.assert_array_equal(ns.second_item, ns.second_list[0])
+    # Indices past the length read the next epoch, reshuffled.
+    epoch_2 = [ns.dataset[len(ns.dataset) + i] for i in range(len(ns.dataset))]
+    assert _flat(epoch_2) == list(range(1, 9))
+    assert [plain(b) for b in epoch_2] != [plain(b) for b in ns.second_list]
+    np.testing.assert_array_equal(ns.third_of_second_epoch, epoch_2[2])
+    assert ns.epochs_equal.shape == (2,)
+    # A filtered position holds None; the others keep their element.
+    assert len(ns.filtered) == 4
+    for i, e in enumerate(ns.filtered):
+      kept = (ns.second_list[i][0] + ns.second_list[i][1]) % 2 == 0
+      assert (e is not None) == kept
+      if kept:
+        np.testing.assert_array_equal(e, ns.second_list[i])
+    assert plain(ns.sharded) == plain(ns.second_list[0::2])
+    assert plain(ns.iterated) == plain(ns.second_list[0::2])
+    assert ns.is_dataset_iterator
+    assert plain(ns.before_checkpoint) == plain(ns.second_list[0])
+    assert plain(ns.after_checkpoint) == plain(ns.after_restore) == plain(ns.second_list[1])
+  for name in ("filtered_length", "sharded_length"):
+    assert getattr(g, name) == getattr(l, name)
+  assert plain(l.batched_after_filter) == plain(g.batched_after_filter) == [[0, 2], [4, 6], [8]]
+
+
+# ---- DataLoader tutorial (docs/tutorials/data_loader_tutorial.md) ----------
+
+DATA_LOADER_TUTORIAL = """
+from absl import flags
+flags.FLAGS.mark_as_parsed()  # Grain's worker processes read absl flags (a notebook has them parsed).
+import orbax.checkpoint as ocp
+import grain.python as grain
+import numpy as np
+
+# Setting `num_records` to 5 to limit results.
+# For full dataset, set to `len(data_source)`.
+index_sampler_example = grain.IndexSampler(
+    num_records=5,
+    num_epochs=2,
+    shard_options=grain.ShardOptions(
+        shard_index=0, shard_count=1, drop_remainder=True),
+    shuffle=True,
+    seed=0)
+
+# Iterator is consumed.
+sampled = []
+for record_metadata in index_sampler_example:
+  sampled.append(record_metadata)
+
+# Create new iterator.
+index_sampler = grain.IndexSampler(
+    num_records=5,
+    num_epochs=2,
+    shard_options=grain.ShardOptions(
+        shard_index=0, shard_count=1, drop_remainder=True),
+    shuffle=True,
+    seed=0)
+
+
+# Stand-in for tfds.data_source("imagenet_a", split="test"): no downloads in tests.
+class ImagenetA:
+
+  def __len__(self):
+    return 12
+
+  def __getitem__(self, i):
+    side = 20 + i
+    image = (np.arange(side * side * 3) % 251).astype(np.uint8).reshape(side, side, 3)
+    return {"image": image, "file_name": f"img_{i}.jpeg".encode(), "label": i % 4}
+
+
+source = ImagenetA()
+num_records = len(source)
+first_record = source[0]
+
+
+class ResizeAndCrop(grain.MapTransform):
+
+  def map(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    image = element["image"]
+    # cv2.resize(image, dsize=(256, 256)) in the tutorial; numpy keeps the test free of OpenCV.
+    image = np.resize(image, (18, 18, 3))
+    image = image[:16, :16]
+    element["image"] = image
+    return element
+
+transformations = [ResizeAndCrop()]
+
+data_loader = grain.DataLoader(
+    data_source=source,
+    operations=transformations,
+    sampler=index_sampler,
+    worker_count=0)
+
+shown = []
+for element in data_loader:
+  shown.append(element)
+
+data_iter = iter(data_loader)
+
+num_steps = 5
+
+# Read some elements.
+first_reads = []
+for i in range(num_steps):
+  x = next(data_iter)
+  first_reads.append((i, x["file_name"], x["label"]))
+
+mngr = ocp.CheckpointManager(checkpoint_dir)
+
+# Save the checkpoint (Grain 0.2.18 spells the tutorial's GrainCheckpointSave as PyGrainCheckpointSave).
+assert mngr.save(
+    step=num_steps, args=grain.PyGrainCheckpointSave(data_iter), force=True)
+# Checkpoint saving in Orbax is asynchronous by default, so we'll wait until
+# finished before examining checkpoint.
+mngr.wait_until_finished()
+
+# Read more elements and advance the iterator
+read_after_save = []
+for i in range(5, 10):
+  x = next(data_iter)
+  read_after_save.append((i, x["file_name"], x["label"]))
+
+# Restore iterator from previously saved checkpoint
+mngr.restore(num_steps, args=grain.PyGrainCheckpointRestore(data_iter))
+
+# Iterator should be set back to start from 5.
+read_after_restore = []
+for i in range(5, 10):
+  x = next(data_iter)
+  read_after_restore.append((i, x["file_name"], x["label"]))
+
+in_memory_datasource = grain.InMemoryDataSource(range(5))
+first_in_memory = in_memory_datasource[0]
+
+data_loader = grain.DataLoader(
+    data_source=in_memory_datasource,
+    sampler=grain.IndexSampler(
+      num_records=len(in_memory_datasource),
+      num_epochs=2,
+      shard_options=grain.NoSharding(),
+      shuffle=True,
+      seed=0),
+    worker_count=2)
+
+data_iter = iter(data_loader)
+
+in_memory_read = []
+for i in range(len(in_memory_datasource) * 2):
+  x = next(data_iter)
+  in_memory_read.append(x)
+
+# Following configuration makes 8*10=80 threads reading data.
+data_loader = grain.DataLoader(
+    data_source=source,
+    sampler=grain.IndexSampler(
+      num_records=len(source),
+      num_epochs=2,
+      shard_options=grain.NoSharding(),
+      shuffle=True,
+      seed=0),
+    worker_count=10,
+    read_options=grain.ReadOptions(num_threads=8, prefetch_buffer_size=500))
+"""
+
+
+def test_data_loader_tutorial(tmp_path):
+  g = porting.run(DATA_LOADER_TUTORIAL, "grain", checkpoint_dir=str(tmp_path / "grain_orbax"))
+  l = porting.run(DATA_LOADER_TUTORIAL, "loader", checkpoint_dir=str(tmp_path / "loader_orbax"))
+  for ns in (g, l):
+    assert [m.index for m in ns.sampled] == list(range(10))
+    assert [sorted(m.record_key for m in ns.sampled[e * 5:e * 5 + 5]) for e in (0, 1)] == [list(range(5))] * 2
+    assert all(isinstance(m.rng, np.random.Generator) for m in ns.sampled)
+    # Two epochs of the 5 sampled records, each cropped to 16x16.
+    assert len(ns.shown) == 10
+    assert {structure(e["image"]) for e in ns.shown} == {((16, 16, 3), "uint8")}
+    names = [e["file_name"] for e in ns.shown]
+    assert sorted(names[:5]) == sorted(names[5:]) == [f"img_{i}.jpeg".encode() for i in range(5)]
+    assert ns.read_after_restore == ns.read_after_save
+    assert sorted(plain(ns.in_memory_read)) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+  assert g.num_records == l.num_records
+  assert same_multiset([plain(e) for e in g.shown], [plain(e) for e in l.shown])
+  assert plain(g.first_in_memory) == plain(l.first_in_memory) == 0
+
+
+# ---- ArrayRecord data source tutorial (docs/tutorials/data_sources/arrayrecord_data_source_tutorial.md)
+
+ARRAYRECORD_TUTORIAL = """
+import pickle
+import grain
+from array_record.python import array_record_module
+
+# Stand-in for tfds.data_source("bool_q", split="train"): no downloads in tests.
+test_tfds = [
+    {"question": f"is record {i} in the test file".encode(), "answer": i % 2 == 0, "title": b"t"}
+    for i in range(1050)
+]
+
+# Write the dataset into a test array_record file.
+example_file_path = directory + "/test.array_record"
+writer = array_record_module.ArrayRecordWriter(
+    example_file_path, "group_size:1"
+)
+record_count = 0
+for record in test_tfds:
+  writer.write(pickle.dumps(record))
+  record_count += 1
+writer.close()
+
+example_array_record_data_source = (grain.sources.ArrayRecordDataSource(
+    example_file_path
+))
+number_of_records = len(example_array_record_data_source)
+first_record = example_array_record_data_source[0]
+
+
+# Stand-in for tokenizers.Tokenizer.from_pretrained("bert-base-cased").
+class Tokenizer:
+
+  class Encoding:
+
+    def __init__(self, tokens):
+      self.tokens = tokens
+
+  def encode(self, text):
+    return self.Encoding(["[CLS]"] + text.split() + ["[SEP]"])
+
+
+tokenizer = Tokenizer()
+
+
+class ParseAndTokenizeText(grain.transforms.Map):
+  \"\"\"This function takes a serialized dict (as bytes), decodes it,
+
+  applies a tokenizer to a specified feature within the dict,
+  and returns the first 10 tokens from results.
+  \"\"\"
+
+  def __init__(self, tokenizer, feature_name):
+    self._tokenizer = tokenizer
+    self._feature_name = feature_name
+
+  def map(self, element: bytes) -> [str]:
+    parsed_element = pickle.loads(element)
+    # only pick the first 10 token IDs from the tokenized text for testing
+    return self._tokenizer.encode(
+        parsed_element[self._feature_name].decode('utf-8')
+    ).tokens[:10]
+
+
+# Example using Grain's MapDataset with ArrayRecord file source.
+example_datasets = (
+    grain.MapDataset.source(example_array_record_data_source)
+    .shuffle(seed=42)
+    .map(ParseAndTokenizeText(tokenizer, "question"))
+    .batch(batch_size=10)
+)
+
+# Output a record at a random index
+record_at_100 = example_datasets[100]
+"""
+
+
+def test_arrayrecord_data_source_tutorial(tmp_path):
+  (tmp_path / "grain").mkdir()
+  (tmp_path / "loader").mkdir()
+  g = porting.run(ARRAYRECORD_TUTORIAL, "grain", directory=str(tmp_path / "grain"))
+  l = porting.run(ARRAYRECORD_TUTORIAL, "loader", directory=str(tmp_path / "loader"))
+  assert g.number_of_records == l.number_of_records == 1050
+  assert g.first_record == l.first_record  # Raw bytes, exactly.
+  assert len(g.example_datasets) == len(l.example_datasets) == 105
+  # A batch of token lists is a list (one entry per token position) of arrays of 10 strings.
+  assert structure(g.record_at_100) == structure(l.record_at_100) == [((10,), "str")] * 9
+  epoch = lambda ns: [tokens for b in ns.example_datasets for tokens in zip(*plain(b))]
+  assert same_multiset(epoch(g), epoch(l))
+  assert len(set(epoch(l))) == 1050
+
+
+# ---- Advanced Dataset tutorial (docs/tutorials/dataset_advanced_tutorial.md)
+
+MNIST_STAND_IN = """
+import numpy as np
+
+
+class Mnist:
+  \"\"\"Stand-in for tfds.data_source(name, split="train"): no downloads in tests.\"\"\"
+
+  def __init__(self, name, n, offset):
+    self._name, self._n, self._offset = name, n, offset
+
+  def __len__(self):
+    return self._n
+
+  def __getitem__(self, i):
+    return {"image": np.full((4, 4, 1), (i + self._offset) % 256, np.uint8), "label": (i + self._offset) % 10,
+            "id": f"{self._name}/{i}"}
+
+
+def tfds_data_source(name, split):
+  return Mnist(name, 60, 0) if name == "mnist" else Mnist(name, 30, 7)
+"""
+
+ADVANCED_CHECKPOINT_AND_MIXING = MNIST_STAND_IN + """
+import grain
+import numpy as np
+from pprint import pprint
+
+ds = (
+    grain.MapDataset.source(tfds_data_source("mnist", split="train"))
+    .seed(seed=45)
+    .shuffle()
+    .to_iter_dataset()
+)
+
+num_steps = 4
+ds_iter = iter(ds)
+
+# Read some elements.
+first_labels = []
+for i in range(num_steps):
+  x = next(ds_iter)
+  first_labels.append((i, x["label"]))
+
+import orbax.checkpoint as ocp
+
+mngr = ocp.CheckpointManager(checkpoint_dir)
+
+# Save the checkpoint.
+assert mngr.save(
+    step=num_steps, args=grain.checkpoint.CheckpointSave(ds_iter), force=True
+)
+# Checkpoint saving in Orbax is asynchronous by default, so we'll wait until
+# finished before examining checkpoint.
+mngr.wait_until_finished()
+
+# Read more elements and advance the iterator.
+read_after_save = []
+for i in range(4, 8):
+  x = next(ds_iter)
+  read_after_save.append((i, x["label"]))
+
+# Restore iterator from the previously saved checkpoint.
+mngr.restore(num_steps, args=grain.checkpoint.CheckpointRestore(ds_iter))
+# Iterator should be set back to start from 4.
+read_after_restore = []
+for i in range(4, 8):
+  x = next(ds_iter)
+  read_after_restore.append((i, x["label"]))
+
+# This particular dataset mixes medical images with hand written numbers,
+# probably not useful but allows to illustrate the API on small datasets.
+source1 = tfds_data_source(name="pneumonia_mnist", split="train")
+source2 = tfds_data_source(name="mnist", split="train")
+ds1 = grain.MapDataset.source(source1).map(lambda features: features["image"])
+ds2 = grain.MapDataset.source(source2).map(lambda features: features["image"])
+ds = grain.MapDataset.mix([ds1, ds2], weights=[0.7, 0.3])
+mixed_length = f"Mixed dataset length = {len(ds)}"
+mixed_shape = np.shape(ds[0])
+mixed = list(ds)
+
+source1 = tfds_data_source(name="pneumonia_mnist", split="train")
+source2 = tfds_data_source(name="mnist", split="train")
+ds1 = (
+    grain.MapDataset.source(source1)
+    .filter(lambda features: int(features["label"]) == 1)
+    .to_iter_dataset()
+)
+ds2 = (
+    grain.MapDataset.source(source2)
+    .filter(lambda features: int(features["label"]) > 4)
+    .to_iter_dataset()
+)
+
+ds = grain.IterDataset.mix([ds1, ds2], weights=[0.7, 0.3]).map(
+    lambda features: features["image"]
+)
+iter_mixed_shape = np.shape(next(iter(ds)))
+iter_mixed = list(ds)
+
+source1 = tfds_data_source(name="pneumonia_mnist", split="train")
+source2 = tfds_data_source(name="mnist", split="train")
+ds1 = grain.MapDataset.source(source1).repeat()
+ds2 = grain.MapDataset.source(source2).repeat()
+
+ds = grain.MapDataset.mix([ds1, ds2], weights=[1, 2])
+repeated_lengths = [len(ds1), len(ds2), len(ds)]  # sys.maxsize each
+repeated_head = [ds[i] for i in range(200)]
+
+source1 = tfds_data_source(name="pneumonia_mnist", split="train")
+source2 = tfds_data_source(name="mnist", split="train")
+ds1 = grain.MapDataset.source(source1).seed(42).shuffle().repeat()
+ds2 = grain.MapDataset.source(source2).seed(43).shuffle().repeat()
+
+ds = grain.MapDataset.mix([ds1, ds2], weights=[1, 2])
+shuffled_mixed_length = f"Mixed dataset length = {len(ds)}"  # sys.maxsize
+shuffled_mixed_head = [ds[i] for i in range(90)]
+"""
+
+
+def test_advanced_tutorial_checkpointing_and_mixing(tmp_path):
+  g = porting.run(ADVANCED_CHECKPOINT_AND_MIXING, "grain", checkpoint_dir=str(tmp_path / "grain_orbax"))
+  l = porting.run(ADVANCED_CHECKPOINT_AND_MIXING, "loader", checkpoint_dir=str(tmp_path / "loader_orbax"))
+  for ns in (g, l):
+    assert ns.read_after_restore == ns.read_after_save
+    assert len({label for _, label in ns.first_labels + ns.read_after_save}) > 1
+  # No randomness in these mixtures: exactly Grain's elements and order.
+  assert g.mixed_length == l.mixed_length
+  assert g.mixed_shape == l.mixed_shape == (4, 4, 1)
+  assert plain(g.mixed) == plain(l.mixed)
+  assert g.iter_mixed_shape == l.iter_mixed_shape
+  assert plain(g.iter_mixed) == plain(l.iter_mixed)
+  assert g.repeated_lengths == l.repeated_lengths
+  assert plain(g.repeated_head) == plain(l.repeated_head)
+  # Shuffled inputs: Grain's choice of input at every position; each input's
+  # first epoch holds all its elements once.
+  assert g.shuffled_mixed_length == l.shuffled_mixed_length
+  names = lambda ns: [e["id"].split("/")[0] for e in ns.shuffled_mixed_head]
+  assert names(g) == names(l)
+  for ns in (g, l):
+    ids = [e["id"] for e in ns.shuffled_mixed_head]
+    assert sorted(ids) == sorted([f"mnist/{i}" for i in range(60)] + [f"pneumonia_mnist/{i}" for i in range(30)])
