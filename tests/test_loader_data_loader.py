@@ -320,8 +320,10 @@ def test_worker_count_does_not_change_the_stream_and_grain_states_resume_or_are_
 def test_restore_at_every_step_with_any_worker_count():
   for config in (dict(ops=lambda g: [DropThirds(), Jitter(), g.Batch(3)]),  # Batch runs sequentially.
                  dict(ops=lambda g: [Jitter(), g.Batch(3), SumBatch()]),  # Batch folded.
-                 dict(ops=lambda g: [Duplicate(), g.Batch(2)])):  # Flat map.
-    stream = loader_testing.assert_restore_at_every_step_gives_same_stream(lambda: make_loader(lp, **config))
+                 dict(ops=lambda g: [Duplicate(), g.Batch(2)]),  # Flat map.
+                 dict(n=11, shard=(1, 3, False), shuffle=True, num_epochs=None, ops=lambda g: [Jitter()])):
+    stream = loader_testing.assert_restore_at_every_step_gives_same_stream(
+        lambda: make_loader(lp, **config), max_steps=30)
     assert stream
   for ops in (lambda g: [DropThirds(), Jitter(), g.Batch(3)], lambda g: [Jitter(), g.Batch(3)]):
     loader_testing.assert_restore_at_every_step_gives_same_stream(
