@@ -1,0 +1,183 @@
+"""Bad inputs and outputs: each refused in one line that says what to do, nothing left behind.
+
+Full and read-only filesystems are real tmpfs mounts (root can write through
+any `chmod`, so a read-only mount is the honest way to get an unwritable
+directory); without the right to mount, those tests skip saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import faults_testing as ft
+from loader import ondisk
+from pipelines import cli, convert
+
+CONVERT = "pipelines.convert"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+  """Three 300 KB shards of incompressible records (outputs ~320 KB each)."""
+  inp = tmp_path_factory.mktemp("io") / "in"
+  return inp, ft.make_dataset(str(inp), 3, 300, 1000, seed=1)
+
+
+def args(inp, out, *extra, pattern="*"):
+  return ["--input", str(inp / pattern), "--output", str(out), "--quiet", "--workers", "1", *extra]
+
+
+def error_line(capsys) -> str:
+  return ft.one_line(capsys.readouterr().err)
+
+
+def test_disk_full_mid_run_is_one_line_no_temp_and_resumable(tmp_path, small, ar_read):
+  inp, recs = small
+  out = str(tmp_path / "small")
+  with ft.tmpfs(out, "800k"):  # Room for two outputs; the inputs (900 KB) pass the free-space check.
+    result = ft.run_cli(CONVERT, *args(inp, out))
+    assert result.returncode == 1, result.stderr
+    line = ft.one_line(result.stderr)
+    assert line.startswith(f"arrayrecord-convert: error: Cannot write {out}/ds.array_record-")
+    assert "[Errno 28] No space left on device" in line and "--skip-existing" in line
+    assert ft.temps(out) == []
+    done = ft.published(out)
+    assert 0 < len(done) < 3
+    for name in recs:
+      if ft.out_name(name) in done:
+        assert ar_read(os.path.join(out, ft.out_name(name))) == recs[name]
+    assert sorted(os.listdir(out)) == done  # No lock, no manifest, nothing partial.
+
+    subprocess.run(["mount", "-o", "remount,size=4m", out], check=True)  # Space freed.
+    assert convert.main(args(inp, out, "--skip-existing")) == 0
+    manifest = json.loads(open(os.path.join(out, "manifest.json")).read())
+    assert manifest["totals"]["records"] == 900 and manifest["totals"]["existing"] == len(done)
+    for name in recs:
+      assert ar_read(os.path.join(out, ft.out_name(name))) == recs[name]
+
+
+def test_too_little_free_space_is_refused_before_any_work(tmp_path, small, capsys):
+  inp, _ = small
+  out = str(tmp_path / "tiny")
+  with ft.tmpfs(out, "100k"):
+    assert convert.main(args(inp, out)) == 2
+    line = error_line(capsys)
+    assert f"Not enough free space for {out}" in line and "900.0 MB" not in line
+    assert "0.9 MB" in line and "Free space or choose another --output" in line
+    assert os.listdir(out) == []
+
+
+def test_read_only_output_dir_is_refused_before_any_work(tmp_path, small, capsys):
+  inp, _ = small
+  out = str(tmp_path / "ro")
+  with ft.tmpfs(out, "1m", read_only=True):
+    for target in (out, os.path.join(out, "sub")):
+      assert convert.main(args(inp, target)) == 2
+      line = error_line(capsys)
+      assert "[Errno 30] Read-only file system" in line
+      assert "choose a writable --output" in line
+    assert os.listdir(out) == []
+
+
+def test_output_that_is_a_file(tmp_path, small, capsys):
+  inp, _ = small
+  out = tmp_path / "out.txt"
+  out.write_text("not a directory")
+  assert convert.main(args(inp, out)) == 2
+  assert error_line(capsys) == (f"arrayrecord-convert: error: --output {out} is a file, not a "
+                                "directory; give a directory path (it is created if missing).")
+  assert convert.main(args(inp, out / "sub")) == 2
+  assert f"{out} is a file, not a directory" in error_line(capsys)
+  assert out.read_text() == "not a directory"
+
+
+def test_input_directory_is_refused_with_a_glob_hint(tmp_path, small, capsys):
+  inp, _ = small
+  out = tmp_path / "out"
+  assert convert.main(["--input", str(inp), "--output", str(out)]) == 2
+  assert error_line(capsys) == (f"arrayrecord-convert: error: Input {inp} is a directory; give "
+                                f"the files in it, e.g. --input '{inp}/*'.")
+  assert not out.exists()
+
+
+def test_fifo_in_the_glob_is_refused_and_never_read(tmp_path, small):
+  inp, recs = small
+  mixed = tmp_path / "mixed"
+  mixed.mkdir()
+  for name in recs:
+    os.symlink(inp / name, mixed / name)
+  os.mkfifo(mixed / "pipe.tfrecord")  # Opening it for reading would block forever.
+  out = tmp_path / "out"
+  result = ft.run_cli(CONVERT, *args(mixed, out), timeout=120)
+  assert result.returncode == 2
+  line = ft.one_line(result.stderr)
+  assert f"Input {mixed}/pipe.tfrecord is a FIFO (named pipe)" in line
+  assert not out.exists()
+
+
+def test_dangling_symlink_is_refused_not_skipped(tmp_path, small, capsys):
+  inp, recs = small
+  mixed = tmp_path / "mixed"
+  mixed.mkdir()
+  for name in recs:
+    os.symlink(inp / name, mixed / name)
+  os.symlink(tmp_path / "gone.tfrecord", mixed / "ds.tfrecord-00003-of-00003")
+  out = tmp_path / "out"
+  for pattern in ("*", "ds.tfrecord-00003-of-00003"):
+    assert convert.main(args(mixed, out, pattern=pattern)) == 2
+    line = error_line(capsys)
+    assert (f"Input {mixed}/ds.tfrecord-00003-of-00003 is a broken symbolic link (to "
+            f"'{tmp_path}/gone.tfrecord', which does not exist); fix or remove the link.") in line
+  assert not out.exists()
+
+
+def test_literal_brackets_get_an_escaping_hint(tmp_path, small, capsys, ar_read):
+  inp, recs = small
+  odd = tmp_path / "odd"
+  name = sorted(recs)[0]
+  ft.write_tfrecords(str(odd / "run[1].tfrecord"), recs[name])
+  out = tmp_path / "out"
+  assert convert.main(["--input", str(odd / "run[1].tfrecord"), "--output", str(out)]) == 2
+  line = error_line(capsys)
+  assert "'[' and ']' are a glob character class" in line
+  escaped = str(odd / "run[[]1].tfrecord")
+  assert f"--input {escaped!r}" in line
+  assert convert.main(["--input", escaped, "--output", str(out), "--quiet"]) == 0
+  assert ar_read(str(out / "run[1].array_record")) == recs[name]
+
+
+def test_wrong_compression_suggests_auto(tmp_path, small, capsys):
+  inp, _ = small
+  out = tmp_path / "out"
+  assert convert.main(args(inp, out, "--compression", "gzip")) == 2
+  line = error_line(capsys)
+  assert "is not gzip-compressed (it looks uncompressed), but --compression gzip was given" in line
+  assert line.endswith("Use --compression auto (compression='auto') to detect it per file.")
+  assert not out.exists()
+
+
+def test_a_failing_beam_pipeline_is_reduced_to_its_root_cause(tmp_path, capsys):
+  import apache_beam as beam
+
+  def fail(_):
+    raise OSError(5, "Input/output error", str(tmp_path / "disk"))
+
+  def run():
+    with beam.Pipeline() as p:
+      _ = p | beam.Create([1]) | "Boom" >> beam.Map(fail)
+
+  result, code = cli.run_reporting_errors("prog", run)
+  assert result is None and code == 1
+  assert error_line(capsys) == (f"prog: error: OSError: [Errno 5] Input/output error: "
+                                f"'{tmp_path / 'disk'}'")
+
+
+def test_lock_file_is_hidden_and_gone_after_a_run(tmp_path, small):
+  inp, _ = small
+  out = tmp_path / "out"
+  assert convert.main(args(inp, out)) == 0
+  assert ondisk.LOCK_NAME not in os.listdir(out)
