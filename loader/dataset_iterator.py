@@ -189,6 +189,17 @@ class DatasetIterator(abc.ABC, Iterator[T]):
           "Restore a state saved by loader, or start over.")
 
 
+@contextlib.contextmanager
+def building() -> Iterator[bool]:
+  """Yields True for the outermost of nested `iter(dataset)` calls."""
+  outer = getattr(_local, "building", 0)
+  _local.building = outer + 1
+  try:
+    yield outer == 0
+  finally:
+    _local.building = outer
+
+
 def stamp_iterator(iterator: Any, dataset: Any) -> Any:
   """Marks `iterator` as iterating `dataset` (for state descriptions)."""
   if isinstance(iterator, DatasetIterator):

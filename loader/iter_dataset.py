@@ -60,7 +60,11 @@ class IterDataset(abc.ABC, Generic[T]):
 
       @functools.wraps(fn)
       def __iter__(self, _fn=fn):
-        return dataset_iterator.stamp_iterator(_fn(self), self)
+        # Only the iterator the caller gets is described; those built for
+        # its parents meanwhile hand states to each other unchecked.
+        with dataset_iterator.building() as outermost:
+          it = _fn(self)
+        return dataset_iterator.stamp_iterator(it, self) if outermost else it
 
       __iter__._loader_wrapped = True  # pylint: disable=protected-access
       cls.__iter__ = __iter__

@@ -18,6 +18,7 @@ import numpy as np
 
 from loader import batching
 from loader import checks
+from loader import dataset_iterator
 from loader import state as state_lib
 from loader.dataset_iterator import DatasetIterator
 from loader.iter_dataset import IterDataset
@@ -252,7 +253,8 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
       raise StopIteration
     if isinstance(item, _Raised):
       self._halt()
-      self._parent.set_state(self._state)  # The thread ran ahead; rewind.
+      with dataset_iterator.parent_calls():  # Our own position, not a checkpoint.
+        self._parent.set_state(self._state)  # The thread ran ahead; rewind.
       raise item.error
     x, self._state = item
     return x
