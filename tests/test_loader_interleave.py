@@ -93,6 +93,19 @@ def _as_streams(datasets):
   return [LimitIterDataset(ds.to_iter_dataset(), 1000) for ds in datasets]
 
 
+def test_a_grain_written_state_resumes_exactly_for_a_list_and_is_refused_for_lazy_datasets():
+  theirs = iter(grain_experimental.InterleaveIterDataset(_list_form(G), cycle_length=3))
+  for _ in range(6):
+    next(theirs)
+  ours = iter(InterleaveIterDataset(_list_form(M), cycle_length=3))
+  ours.set_state(theirs.get_state())
+  assert list(ours) == list(theirs)
+  lazy = iter(grain_experimental.InterleaveIterDataset(G.range(len(_LENGTHS)).map(_lazy), cycle_length=2))
+  next(lazy)
+  with pytest.raises(state_lib.StateMismatchError, match="order differs from Grain's"):
+    iter(InterleaveIterDataset(M.range(len(_LENGTHS)).map(_lazy_ours), cycle_length=2)).set_state(lazy.get_state())
+
+
 @pytest.mark.parametrize("iter_buffer_size", [0, 2])
 def test_restore_at_every_step(iter_buffer_size):
   make = lambda: InterleaveIterDataset(_as_streams(_list_form(M, filtered=True) + _list_form(M)), cycle_length=3,

@@ -81,6 +81,23 @@ def test_zip_iter_restores_at_every_step_with_grains_state_shape():
   assert list(mine) == ["parents"] and len(mine["parents"]) == 2
 
 
+def test_a_grain_written_zip_state_resumes_exactly_and_a_window_shuffle_one_is_refused():
+  def make(lib, zip_cls):
+    return zip_cls([lib.range(9).to_iter_dataset(), lib.range(10, 19).to_iter_dataset()])
+
+  theirs = iter(make(G, grain_experimental.ZipIterDataset))
+  for _ in range(4):
+    next(theirs)
+  ours = iter(make(M, ZipIterDataset))
+  ours.set_state(theirs.get_state())
+  assert list(ours) == list(theirs)
+  shuffled = iter(grain_experimental.WindowShuffleIterDataset(G.range(9).to_iter_dataset(), window_size=3, seed=1))
+  next(shuffled)
+  with pytest.raises(state_lib.StateMismatchError):
+    iter(WindowShuffleIterDataset(M.range(9).to_iter_dataset(), window_size=3, seed=1)).set_state(
+        shuffled.get_state())
+
+
 def test_zip_iter_error_rewinds_the_inputs_already_read():
   failing = {"on": True}
 

@@ -27,6 +27,7 @@ state has the same shape at every step. A filtered-out (None) entry of a
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -54,8 +55,6 @@ class InterleaveIterDataset(iter_lib.IterDataset[T]):
     make_iter_buffer_size: Accepted for Grain compatibility; unused.
     iter_buffer_size: Elements each open IterDataset reads ahead in a thread.
   """
-
-  _same_as_grain = True
 
   def __init__(self, datasets: Sequence[Any] | map_lib.MapDataset, *, cycle_length: int,
                num_make_iter_threads: int = 1, make_iter_buffer_size: int = 1, iter_buffer_size: int = 1):
@@ -91,10 +90,19 @@ class InterleaveIterDataset(iter_lib.IterDataset[T]):
     inputs = repr(self._datasets) if self._datasets is not None else ", ".join(repr(p) for p in self._parents)
     return f"InterleaveIterDataset([{inputs}]){self._op_repr()}"
 
+  @property
+  def _same_as_grain(self) -> bool:
+    # A MapDataset of datasets makes its inputs out of sight of the state
+    # checks (they may shuffle): refuse Grain-written states for it.
+    return self._datasets is None
+
   def _state_op(self) -> str:
     if self._datasets is None:
       return self._op_repr().lstrip(".")
-    return f"interleave({self._datasets!r}, cycle_length={self._cycle_length})"
+    # The op text is clipped in descriptions: a digest keeps long inputs apart.
+    inputs = " ".join(state_lib.describe(self._datasets))
+    digest = hashlib.sha1(inputs.encode()).hexdigest()[:10]
+    return f"interleave(cycle_length={self._cycle_length}, datasets#{digest}: {inputs})"
 
   def _open(self, index: int) -> iter_lib.DatasetIterator | None:
     """A fresh iterator over dataset `index` (None for a filtered-out entry)."""
@@ -120,6 +128,9 @@ class InterleaveIterDataset(iter_lib.IterDataset[T]):
 
 
 class _InterleaveDatasetIterator(iter_lib.DatasetIterator[T]):
+
+  # Grain's layout: its states restore here (with no elastic future states).
+  _grain_state_keys = _STATE_KEYS + ("future_states",)
 
   def __init__(self, ds: InterleaveIterDataset):
     super().__init__()
@@ -198,6 +209,12 @@ class _InterleaveDatasetIterator(iter_lib.DatasetIterator[T]):
 
   def set_state(self, state: dict[str, Any]) -> None:
     owner = type(self).__name__
+    if isinstance(state, dict) and "future_states" in state:  # Written by Grain.
+      if state["future_states"]:
+        raise state_lib.StateMismatchError(
+            f"{owner}.set_state: the state holds ElasticIterator future states "
+            f"({state['future_states']!r:.100}); restore it with the ElasticIterator that wrote it.")
+      state = {k: v for k, v in state.items() if k != "future_states"}
     state_lib.check_keys(state, _STATE_KEYS, owner)
     cycle, n = self._cycle, self._num_datasets
     indices, states, exhausted = (state[k] for k in _STATE_KEYS[2:])

@@ -279,21 +279,22 @@ class MixedIterDataset(iter_lib.IterDataset[T]):
     return f"IterDataset[{inputs}]{self._op_repr()}"
 
   def __iter__(self) -> iter_lib.DatasetIterator[T]:
-    return _MixedDatasetIterator([iter(p) for p in self._parents], self._names, self._proportions)
-
-
-def _state_description(it: Any) -> list[str] | None:
-  describe = getattr(it, "_state_description", None)
-  return describe() if callable(describe) else None
+    descriptions = [state_lib.describe(p) for p in self._parents]
+    return _MixedDatasetIterator([iter(p) for p in self._parents], self._names, self._proportions, descriptions)
 
 
 class _MixedDatasetIterator(iter_lib.DatasetIterator[T]):
   """Draws from the input the formula picks for `index`; stops at the first exhausted input."""
 
+  _grain_state_keys = ("parents", "index", "stop")  # Grain's layout: its states restore here.
+
   def __init__(self, parents: list[iter_lib.DatasetIterator], names: tuple[str, ...] | None,
-               proportions: Sequence[int]):
+               proportions: Sequence[int], descriptions: list[list[str]]):
     super().__init__(parents)
     self._names = names
+    # Each input's state carries its pipeline description: the mixture's own
+    # description leaves the inputs out, since they may change on resume.
+    self._descriptions = descriptions
     self._selector = _ProportionalSelector(proportions)
     self._index = 0
     self._stop = False
@@ -317,10 +318,7 @@ class _MixedDatasetIterator(iter_lib.DatasetIterator[T]):
     return repr(self._names[i]) if self._names is not None else str(i)
 
   def get_state(self) -> dict[str, Any]:
-    states = []
-    for p in self._parents:
-      s, description = p.get_state(), _state_description(p)
-      states.append(s if description is None else state_lib.stamp(s, description))
+    states = [state_lib.stamp(p.get_state(), d) for p, d in zip(self._parents, self._descriptions)]
     parents = list(states) if self._names is None else dict(zip(self._names, states))
     return {"parents": parents, "index": self._index, "stop": self._stop}
 
@@ -350,10 +348,9 @@ class _MixedDatasetIterator(iter_lib.DatasetIterator[T]):
       if s is None:  # An input added since the checkpoint: from its beginning.
         p.set_state(self._start_states[i])
         continue
-      description = _state_description(p)
-      if description is not None and state_lib.is_stamped(s):
-        state_lib.check(s, description, f"IterDataset.mix input {self._label(i)}")
-      p.set_state(s)
+      if state_lib.is_stamped(s):
+        state_lib.check(s, self._descriptions[i], f"IterDataset.mix input {self._label(i)}")
+      p.set_state(state_lib.strip(s))
     self._index, self._stop = index, bool(stop)
 
 

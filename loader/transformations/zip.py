@@ -107,6 +107,8 @@ def _strict_zip_error(i: int, why: str) -> str:
 
 class _ZipDatasetIterator(iter_lib.DatasetIterator[tuple]):
 
+  _grain_state_keys = ("parents",)  # Grain's layout: its states restore here.
+
   def __init__(self, parents: list[iter_lib.DatasetIterator], *, strict: bool):
     super().__init__(parents)
     self._strict = strict
