@@ -1,0 +1,158 @@
+"""Datasets that move, change or rot under the reader: ArrayRecordSource says which file and record."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+
+import pytest
+
+import faults_testing as ft
+import loader
+from loader import source as source_lib
+from pipelines import convert, verify
+
+
+def marker(i: int) -> bytes:
+  return b"<record %06d>" % i
+
+
+def write_uncompressed(path: str, first: int, n: int) -> list[bytes]:
+  """Records whose bytes can be found in the file (no compression)."""
+  from array_record.python.array_record_module import ArrayRecordWriter
+  records = [marker(i) * 20 for i in range(first, first + n)]
+  w = ArrayRecordWriter(path, "group_size:1,uncompressed")
+  for r in records:
+    w.write(r)
+  w.close()
+  return records
+
+
+@pytest.fixture
+def two_files(tmp_path):
+  d = tmp_path / "ds"
+  d.mkdir()
+  a = write_uncompressed(str(d / "a.array_record"), 0, 50)
+  b = write_uncompressed(str(d / "b.array_record"), 50, 50)
+  return d, a + b
+
+
+def test_copied_dataset_reads_its_own_files(tmp_path):
+  recs = {f"t.tfrecord-{s:05d}-of-00002": [b"A%d-%d" % (s, i) for i in range(5 + s)]
+          for s in range(2)}
+  for name, r in recs.items():
+    ft.write_tfrecords(str(tmp_path / "in" / name), r)
+  ds_a, ds_b = tmp_path / "dsA", tmp_path / "dsB"
+  assert convert.main(["--input", str(tmp_path / "in" / "*"), "--output", str(ds_a),
+                       "--quiet"]) == 0
+  shutil.copytree(ds_a, ds_b)  # cp -r dsA dsB
+  # Make dsB's data differ from dsA's, so reading the wrong copy shows.
+  for name in recs:
+    target = ds_b / ft.out_name(name)
+    ft_records = [r.replace(b"A", b"B") for r in recs[name]]
+    from array_record.python.array_record_module import ArrayRecordWriter
+    w = ArrayRecordWriter(str(target), "group_size:1")
+    for r in ft_records:
+      w.write(r)
+    w.close()
+  src = loader.ArrayRecordSource(str(ds_b))
+  assert all(p.startswith(str(ds_b)) for p in src.paths)
+  assert all(r.startswith(b"B") for r in src.read(range(len(src))))
+
+  # A manifest from before relative paths (absolute outputs under its output_dir)
+  # is re-based onto the directory it is read from.
+  m = json.loads((ds_a / "manifest.json").read_text())
+  m["version"] = 1
+  for s in m["shards"]:
+    s["output"] = str(ds_a / s["output"])
+  (ds_b / "manifest.json").write_text(json.dumps(m))
+  src = loader.ArrayRecordSource(str(ds_b))
+  assert all(p.startswith(str(ds_b)) for p in src.paths)
+  assert all(r.startswith(b"B") for r in src.read(range(len(src))))
+
+
+def test_file_truncated_under_an_open_source_raises_naming_it(two_files):
+  d, records = two_files
+  src = loader.ArrayRecordSource(str(d))
+  assert src.read([0, 99]) == [records[0], records[99]]
+  path = str(d / "b.array_record")
+  os.truncate(path, os.path.getsize(path) // 2)
+  with pytest.raises(source_lib.FileChangedError,
+                     match=rf"^{path} changed after the ArrayRecordSource was created \(size "):
+    src.read([60])
+  assert src.read([1]) == [records[1]]  # The other file is fine.
+
+
+def test_file_replaced_under_an_open_source_raises_naming_it(two_files, tmp_path):
+  d, records = two_files
+  src = loader.ArrayRecordSource(str(d))
+  path = str(d / "a.array_record")
+  fresh = str(tmp_path / "fresh.array_record")
+  write_uncompressed(fresh, 1000, 50)  # Same size and count, other records.
+  os.replace(fresh, path)
+  with pytest.raises(source_lib.FileChangedError, match="it was replaced by another file"):
+    src.read([3])
+  # A source created afterwards reads the new file.
+  assert loader.ArrayRecordSource(str(d)).read([3]) == [marker(1003) * 20]
+
+
+def flip_record(path: str, record: int) -> None:
+  data = bytearray(open(path, "rb").read())
+  at = data.find(marker(record))
+  assert at >= 0
+  data[at + 3] ^= 0xFF
+  with open(path, "wb") as f:
+    f.write(data)
+
+
+def test_flipped_bytes_name_the_file_and_record(two_files):
+  d, _ = two_files
+  path = str(d / "b.array_record")
+  flip_record(path, 50 + 17)  # Record 17 of b, 67 of the source.
+  src = loader.ArrayRecordSource(str(d))
+  with pytest.raises(source_lib.CorruptRecordError) as e:
+    src.read(range(100))
+  assert (e.value.path, e.value.record_index, e.value.source_index) == (path, 17, 67)
+  assert str(e.value).startswith(f"{path}: record 17 (index 67 of the source) is corrupt: "
+                                 "Corrupted Riegeli")
+  assert "at byte" in str(e.value)
+
+
+def test_flipped_bytes_through_mp_prefetch_workers(tmp_path):
+  d = tmp_path / "big"
+  d.mkdir()
+  for f in range(4):
+    write_uncompressed(str(d / f"{f}.array_record"), 500 * f, 500)
+  path = str(d / "3.array_record")
+  flip_record(path, 1990)  # Near the end: computed by the worker, not a first chunk.
+  ds = (loader.MapDataset.source(loader.ArrayRecordSource(str(d))).to_iter_dataset()
+        .mp_prefetch(loader.MultiprocessingOptions(num_workers=1)))
+  with pytest.raises(Exception) as e:
+    list(ds)
+  chain = [e.value, e.value.__cause__]
+  corrupt = [x for x in chain if isinstance(x, source_lib.CorruptRecordError)]
+  assert corrupt, f"no CorruptRecordError in {chain!r}"
+  assert (corrupt[0].path, corrupt[0].record_index, corrupt[0].source_index) == (path, 490, 1990)
+  assert f"{path}: record 490 (index 1990 of the source) is corrupt" in str(e.value)
+
+
+def test_reader_errors_survive_pickling():
+  # What crossing from a worker process to the parent needs.
+  for error in (source_lib.CorruptRecordError("/d/x", 3, 103, "Corrupted Riegeli; at byte 9"),
+                source_lib.FileChangedError("/d/x", "size 10 -> 5 bytes")):
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error) and str(back) == str(error)
+    assert back.path == "/d/x"
+
+
+def test_verify_checks_the_copy_it_is_given(tmp_path, capsys):
+  ft.write_tfrecords(str(tmp_path / "in" / "x.tfrecord"), [b"1", b"2"])
+  ds_a, ds_b = tmp_path / "dsA", tmp_path / "dsB"
+  assert convert.main(["--input", str(tmp_path / "in" / "*"), "--output", str(ds_a),
+                       "--quiet"]) == 0
+  shutil.copytree(ds_a, ds_b)
+  (ds_b / "x.array_record").unlink()
+  assert verify.main(["--input", str(tmp_path / "in" / "*"), "--output", str(ds_b)]) == 1
+  assert f"FAIL {ds_b}/x.array_record" in capsys.readouterr().out
