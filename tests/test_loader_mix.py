@@ -420,7 +420,9 @@ def test_maxtext_shuffled_mixture_resume_continues_every_input_where_it_stopped(
   state = it.get_state()
   del config["ds2"]  # Remove an input, reweight the others.
   config["ds3"]["weight"] = 3
-  resumed = iter(_maxtext_mixture(loader_python, config, shuffle=True))
+  # MaxText adds mp_prefetch after the mixture; with loader it loses nothing on a mixture change.
+  resumed = iter(_maxtext_mixture(loader_python, config, shuffle=True).mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=1)))
   resumed.set_state(state)
   tail = list(resumed)
   for name in ("ds1", "ds3"):

@@ -26,7 +26,12 @@ given as a dict, a state resumes under a changed mixture as MaxText expects
 (its `grain_train_mixture_config_path`): inputs are restored by name, new
 inputs start at their beginning, removed ones are dropped, new weights apply
 from the saved `index` on. Each input's state carries that input's own
-pipeline description, so a renamed-but-different input is refused.
+pipeline description, so an input whose pipeline changed under the same name
+is refused. Under `mp_prefetch` the inputs' random-access parts run in the
+workers and the mixing in the consumer, so states are exact: unlike Grain
+(see MaxText's note on mixture changes), a changed mixture loses no buffered
+elements. A Grain-written state resumes exactly where the inputs' order is
+Grain's (no shuffle or other seeded operation), and is refused otherwise.
 Difference from Grain: an error other than StopIteration does not stop the
 mixture (Grain stops it); the state stays at the failing element, so a
 retry reads it again, as everywhere in loader.
