@@ -83,6 +83,7 @@ class ChunkSizer:
     self._target = _elements_for(ds, _TARGET_RECORDS_PER_CHUNK)
     self._ramp = min(self._target, _elements_for(ds, _FIRST_CHUNK_RECORDS))
     self._parallelism = max(1, parallelism)
+    self._calls = 0
     self._seconds_per_element: float | None = None
     self._bytes_cap: int | None = None
 
@@ -91,7 +92,9 @@ class ChunkSizer:
     if self._fixed is not None:
       return self._fixed
     size = min(self._ramp, self._target)
-    self._ramp = min(self._target, self._ramp * _RAMP_FACTOR)
+    self._calls += 1
+    if self._calls % self._parallelism == 0:  # Every consumer gets a small chunk first.
+      self._ramp = min(self._target, self._ramp * _RAMP_FACTOR)
     if self._seconds_per_element:
       size = min(size, max(1, int(_TARGET_CHUNK_SECONDS / self._seconds_per_element)))
     if self._bytes_cap is not None:

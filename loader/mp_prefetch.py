@@ -249,7 +249,8 @@ class MultiprocessChunkProducer:
     """Starts the workers and sends them their first chunks."""
     if not self._procs:
       self._start_workers()
-    self._top_up()
+    if not (self._chunks.get(self._next_consume, (0, 0, 0))[2] == _LOCAL):
+      self._top_up()  # After a local first chunk, its measured cost sizes these.
 
   @property
   def worker_pids(self) -> list[int]:
@@ -374,6 +375,8 @@ class MultiprocessChunkProducer:
     self._next_consume += 1
     if error is not None:
       self.reset(start + len(elements))
+    else:
+      self._top_up()
     return start, elements, error
 
   def _worker_error(self, w: int, index: int, failure: tuple[str, bytes | None]) -> WorkerError:

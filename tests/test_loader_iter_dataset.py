@@ -243,6 +243,8 @@ def test_chunk_sizes_ramp_up_and_adapt_to_cost_bytes_and_workers():
   # A 40-element dataset spread over 4 workers: no chunk takes more than a fair share.
   small = engine.ChunkSizer(loader.MapDataset.range(40), None, parallelism=4)
   assert max(small.size(0) for _ in range(6)) == 5
+  shared = engine.ChunkSizer(records, None, parallelism=2)
+  assert [shared.size(0) for _ in range(6)] == [64, 64, 256, 256, 1024, 1024]  # Each worker ramps.
   assert engine.ChunkSizer(records.batch(10), 50).size(0) == 5  # Fixed, in records.
 
 
