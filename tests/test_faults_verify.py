@@ -1,0 +1,89 @@
+"""Manifests that lie or rot: verify cross-checks them, readers name the bad file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import faults_testing as ft
+import loader
+from loader import ondisk
+from pipelines import convert, verify
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+  root = tmp_path_factory.mktemp("vf")
+  inp, out = root / "in", root / "out"
+  recs = {f"v.tfrecord-{s:05d}-of-00002": [b"r%d-%d" % (s, i) for i in range(10 + s)]
+          for s in range(2)}
+  for name, r in recs.items():
+    ft.write_tfrecords(str(inp / name), r)
+  assert convert.main(["--input", str(inp / "*"), "--output", str(out), "--quiet"]) == 0
+  return inp, out
+
+
+@pytest.fixture
+def copy(converted, tmp_path):
+  inp, out = converted
+  mine = tmp_path / "out"
+  shutil.copytree(out, mine)
+  return inp, mine
+
+
+def edit_manifest(out, change) -> None:
+  m = json.loads((out / "manifest.json").read_text())
+  change(m)
+  (out / "manifest.json").write_text(json.dumps(m))
+
+
+def run_verify(inp, out) -> int:
+  return verify.main(["--input", str(inp / "*"), "--output", str(out)])
+
+
+def test_edited_record_count_fails(copy, capsys):
+  inp, out = copy
+  assert run_verify(inp, out) == 0
+  edit_manifest(out, lambda m: m["shards"][1].update(records=99))
+  assert run_verify(inp, out) == 1
+  stdout = capsys.readouterr().out
+  assert f"FAIL {out}/v.array_record-00001-of-00002" in stdout
+  assert "the manifest says 99 records, the file has 11" in stdout
+
+
+def test_edited_totals_fail_naming_the_manifest(copy, capsys):
+  inp, out = copy
+  edit_manifest(out, lambda m: m["totals"].update(records=1000))
+  assert run_verify(inp, out) == 1
+  stdout = capsys.readouterr().out
+  assert (f"FAIL {out}/manifest.json: totals.records is 1000 but its shards add up to 21; "
+          "rerun the conversion with --skip-existing to rewrite it") in stdout
+
+
+@pytest.mark.parametrize("content,problem", [
+    (b"{not json", "is not valid JSON"),
+    (b"[1, 2]", "holds a JSON list, not a manifest object"),
+    (b'{"format": "someone-else/manifest", "shards": []}', "is not an arrayrecord-toolkit manifest"),
+    (b'{"shards": [{"output": "a.array_record", "records": "ten"}]}', "needs 'records'"),
+])
+def test_bad_manifest_is_named_in_one_line(copy, capsys, content, problem):
+  inp, out = copy
+  (out / "manifest.json").write_bytes(content)
+  assert run_verify(inp, out) == 1
+  line = ft.one_line(capsys.readouterr().err)
+  assert line.startswith(f"arrayrecord-verify: error: {out}/manifest.json")
+  assert problem in line
+  with pytest.raises(ondisk.ManifestError, match=f"^{out}/manifest.json"):
+    loader.ArrayRecordSource(str(out))
+
+
+def test_garbage_manifest_does_not_block_a_resume(copy, capsys):
+  inp, out = copy
+  (out / "manifest.json").write_bytes(b"\x00garbage")
+  assert convert.main(["--input", str(inp / "*"), "--output", str(out), "--quiet",
+                       "--skip-existing"]) == 0
+  manifest = json.loads((out / "manifest.json").read_text())
+  assert manifest["totals"]["records"] == 21 and manifest["totals"]["existing"] == 2
+  assert run_verify(inp, out) == 0
