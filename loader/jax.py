@@ -41,6 +41,7 @@ def batch_sharding(
       mesh from. None uses `jax.devices()` (every device of every process).
     axis_name: Mesh axis that the batch dimension is split over.
   """
+  # Lazy: importing loader.jax must not import JAX (pipelines are built without it).
   import jax  # pylint: disable=g-import-not-at-top
 
   if isinstance(mesh_or_devices, jax.sharding.Mesh):
@@ -82,6 +83,7 @@ def device_put(batch: Any, sharding: jax.sharding.Sharding | None = None) -> Any
     ValueError: A leaf does not fit the sharding (e.g. the batch size is not
       divisible by the number of devices); the message names its path.
   """
+  # Lazy: importing loader.jax must not import JAX (pipelines are built without it).
   import jax  # pylint: disable=g-import-not-at-top
 
   if sharding is None:

@@ -255,6 +255,7 @@ class MapDataset(abc.ABC, Generic[T]):
     `drop_remainder` defaults to True here: hosts with unequal shard sizes run
     a different number of steps and deadlock in collectives.
     """
+    # Lazy: `import loader` must not import JAX (workers and tools never need it).
     import jax  # pylint: disable=g-import-not-at-top
 
     return self.shard(jax.process_index(), jax.process_count(), drop_remainder=drop_remainder)

@@ -53,6 +53,7 @@ class WorkerError(RuntimeError):
 
 def _dumps(obj: Any) -> bytes:
   try:
+    # Lazy: only pipelines sent to workers need it; optional without workers.
     import cloudpickle  # pylint: disable=g-import-not-at-top
   except ImportError:
     try:
