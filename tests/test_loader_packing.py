@@ -17,6 +17,7 @@ import loader
 from loader.transformations import batch_and_pad as batch_and_pad_lib
 from loader.transformations import concat_then_split as cts_lib
 from loader.transformations import packing as packing_lib
+from loader.transformations import packing_utils
 from loader_testing import assert_restore_at_every_step_gives_same_stream
 from loader_testing import assert_streams_equal
 from loader_testing import take
@@ -108,6 +109,16 @@ BIN_CASES = {
     "final_partial_window": dict(
         elements=lambda s: ragged(3, s, {"inputs": (2, 3, np.int32)}),
         length_struct={"inputs": 8}, num_packing_bins=4),
+    # Above packing_utils._PY_SCAN_MAX_BINS bins the row search is vectorised.
+    "many_bins": dict(
+        elements=lambda s: ragged(300, s, {"inputs": (1, 12, np.int32), "targets": (0, 8, np.int32)}),
+        length_struct={"inputs": 16, "targets": 12}, num_packing_bins=40),
+    "many_bins_max_sequences": dict(
+        elements=lambda s: ragged(300, s, {"inputs": (0, 12, np.int32)}),
+        length_struct={"inputs": 16}, num_packing_bins=40, max_sequences_per_bin=3),
+    "few_bins_zero_lengths_max_sequences": dict(
+        elements=lambda s: ragged(100, s, {"inputs": (0, 6, np.int32)}),
+        length_struct={"inputs": 10}, num_packing_bins=5, max_sequences_per_bin=2),
     "one_bin": dict(
         elements=lambda s: ragged(30, s, {"inputs": (1, 6, np.int32)}),
         length_struct={"inputs": 8}, num_packing_bins=1),
@@ -117,6 +128,7 @@ BIN_CASES = {
 @pytest.mark.parametrize("op", ["first_fit", "best_fit"])
 @pytest.mark.parametrize("case", sorted(BIN_CASES))
 def test_bin_packing_equals_grain(op, case):
+  assert BIN_CASES["many_bins"]["num_packing_bins"] > packing_utils._PY_SCAN_MAX_BINS  # pylint: disable=protected-access
   kwargs = dict(BIN_CASES[case])
   make_elements = kwargs.pop("elements")
   for seed in range(3):
@@ -399,15 +411,15 @@ def test_restore_into_two_workers(kind):
   assert_restore_at_every_step_gives_same_stream(lambda: make(0), make_restore_ds=lambda: make(2), steps=(1, 4))
 
 
-def test_state_is_grains_layout():
+def test_state_layout():
   elements = ragged(200, 8, {"inputs": (1, 9, np.int32)})
   ds = packing_lib.FirstFitPackIterDataset(loader.MapDataset.source(elements).to_iter_dataset(),
                                            length_struct={"inputs": 16}, num_packing_bins=4)
   with iter(ds) as it:
     take(it, 37)
     state = it.get_state()
-  assert {"parent", "next_row", "counter"} <= set(state)
+  assert {"parent", "skip", "next_row", "counter"} <= set(state)
   assert state["counter"] == 37 and 0 <= state["next_row"] < 4
-  # The parent position is the start of the window being emitted: at most one
-  # window (4 rows of <= 16 one-or-more-token elements) behind.
-  assert 0 < state["parent"]["next_index"] <= 37 * 16
+  # A restore reads at most two windows (4 rows of <= 16 elements each) before
+  # the row it resumes at.
+  assert 0 <= state["skip"] <= 64

@@ -10,13 +10,15 @@ features go with both halves) and get no `_segment_ids`/`_positions`. With
 feature are emitted as they are, ahead of the buffer. The packed examples are
 Grain 0.2.18's, value for value.
 
-State: `{"parent": ..., "remainder_slices": ..., "elements_from_buffer_after_checkpoint": n}`.
-A checkpoint is taken whenever the buffer is empty or holds only the split
-remainder: the parent state before the remainder element (or the current one)
-and the remainder's slices per non-meta feature (`[-1, -1]` meaning "whole
-element" or "none"). A restore re-reads the remainder element, then replays
-the `n` outputs emitted since, so it is exact at every step; `n` stays small
-(one buffer's worth).
+State: `{"parent": ..., "skip": k, "remainder_slices": ...,
+"elements_from_buffer_after_checkpoint": n}`. A checkpoint is taken whenever
+the buffer is empty or holds only the split remainder: the parent position of
+the remainder element (or the current one) as a parent state plus `k`
+elements to skip after it, and the remainder's slices per non-meta feature
+(`[-1, -1]` meaning "whole element" or "none"). A restore re-reads the
+remainder element, then replays the `n` outputs emitted since, so it is exact
+at every step; `n` stays small (one buffer's worth). This is Grain's scheme,
+except that Grain reads the parent's state before every element.
 """
 
 from __future__ import annotations
@@ -67,11 +69,11 @@ def _length(x: Any) -> int:
 class _Piece:
   """An element, or the part of it still to pack: `slices[k]` per non-meta feature."""
 
-  __slots__ = ("parent_state", "features", "slices")
+  __slots__ = ("position", "features", "slices")
 
-  def __init__(self, parent_state: dict[str, Any], features: Mapping[str, Any],
+  def __init__(self, position: tuple[dict[str, Any], int], features: Mapping[str, Any],
                slices: dict[str, tuple[int, int]]):
-    self.parent_state = parent_state
+    self.position = position  # (anchor state, elements to skip after it) of this element.
     self.features = features
     self.slices = slices
 
@@ -92,8 +94,8 @@ class _Piece:
       start, stop = (0, _length(self.features[key])) if sl == _WHOLE else sl
       left[key] = (start, p)
       right[key] = (p, stop)
-    return (_Piece(self.parent_state, self.features, left),
-            _Piece(self.parent_state, self.features, right))
+    return (_Piece(self.position, self.features, left),
+            _Piece(self.position, self.features, right))
 
 
 class _Config:
@@ -144,6 +146,14 @@ class _Config:
 
 
 class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
+  """Grain's algorithm; positions in the parent are (anchor state, elements to skip).
+
+  The anchor is renewed at a checkpoint once `_REANCHOR_AFTER` elements were
+  read since the last one, so the parent's state is not read before every
+  element (as Grain does) and a restore skips few elements.
+  """
+
+  _REANCHOR_AFTER = 16
 
   def __init__(self, parent: iter_dataset.DatasetIterator, config: _Config):
     super().__init__(parent)
@@ -151,23 +161,29 @@ class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
     self._ready: collections.deque[dict[str, np.ndarray]] = collections.deque()
     self._remainder: _Piece | None = None
     self._exhausted = False
+    self._anchor = state_lib.strip(parent.get_state())
+    self._pulled = 0  # Elements read from the parent since `_anchor`.
     self._checkpoint()
 
   def _checkpoint(self) -> None:
+    if self._pulled >= self._REANCHOR_AFTER:
+      self._anchor, self._pulled = state_lib.strip(self._parent.get_state()), 0
     if self._remainder is None:
-      self._ckpt_parent, self._ckpt_slices = self._parent.get_state(), self._config.whole_slices()
+      self._ckpt_position, self._ckpt_slices = (self._anchor, self._pulled), self._config.whole_slices()
     else:
-      self._ckpt_parent, self._ckpt_slices = self._remainder.parent_state, self._remainder.slices
+      self._ckpt_position, self._ckpt_slices = self._remainder.position, self._remainder.slices
     self._emitted_since_ckpt = 0
 
   def get_state(self) -> dict[str, Any]:
-    return {"parent": self._ckpt_parent,
+    anchor, skip = self._ckpt_position
+    return {"parent": anchor, "skip": skip,
             "remainder_slices": {k: list(v) for k, v in self._ckpt_slices.items()},
             "elements_from_buffer_after_checkpoint": self._emitted_since_ckpt}
 
   def set_state(self, state: dict[str, Any]) -> None:
     owner = "ConcatThenSplitIterDataset"
-    state_lib.check_keys(state, ("parent", "remainder_slices", "elements_from_buffer_after_checkpoint"), owner)
+    state_lib.check_keys(state, ("parent", "skip", "remainder_slices", "elements_from_buffer_after_checkpoint"),
+                         owner)
     slices = state["remainder_slices"]
     if not isinstance(slices, Mapping) or set(slices) != set(self._config.sliced_keys):
       raise ValueError(f"{owner}.set_state: remainder_slices must have the keys {list(self._config.sliced_keys)} "
@@ -175,18 +191,22 @@ class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
     slices = {k: tuple(int(i) for i in slices[k]) for k in self._config.sliced_keys}
     replay = checks.check_int(state["elements_from_buffer_after_checkpoint"],
                               "elements_from_buffer_after_checkpoint", minimum=0)
+    skip = checks.check_int(state["skip"], "skip", minimum=0)
     self._ready.clear()
     self._remainder = None
     self._exhausted = False
     self._parent.set_state(state["parent"])
-    if any(sl != _WHOLE for sl in slices.values()):
-      parent_state = self._parent.get_state()
+    self._anchor, self._pulled = state_lib.strip(self._parent.get_state()), 0
+    has_remainder = any(sl != _WHOLE for sl in slices.values())
+    for _ in range(skip + has_remainder):
       try:
         features = next(self._parent)
       except StopIteration:
-        raise ValueError(f"{owner}.set_state: the parent ended where the state expects the split element "
-                         f"({state!r}). Was it saved from a different pipeline or input?") from None
-      self._remainder = _Piece(parent_state, features, slices)
+        raise ValueError(f"{owner}.set_state: the input ended before the position of {state!r}; "
+                         "was it saved from a different pipeline or input?") from None
+      self._pulled += 1
+    if has_remainder:
+      self._remainder = _Piece((self._anchor, skip), features, slices)
     self._checkpoint()
     for _ in range(replay):
       try:
@@ -293,14 +313,14 @@ class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
         self._remainder = self._add(self._remainder, buffer, used)
         if self._remainder is not None:
           break
-      state = parent.get_state()
       try:
         features = next(parent)
       except StopIteration:
         self._exhausted = True
         break
+      self._pulled += 1
       self._check_element(features)
-      piece = _Piece(state, features, config.whole_slices())
+      piece = _Piece((self._anchor, self._pulled - 1), features, config.whole_slices())
       if not config.split_full_length_features and self._is_full_length(piece):
         self._ready.append(self._pack([piece]))  # Already packed: emitted ahead of the buffer.
         continue

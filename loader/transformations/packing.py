@@ -6,12 +6,14 @@ arguments and produce exactly Grain's packed examples for the same input order
 `mp_prefetch` they run in the consuming process on the reassembled stream, so
 the packed examples do not depend on the worker count (Grain packs per worker).
 
-State: `{"parent": <parent state where the window being emitted starts>,
-"next_row": <rows of it already emitted>, "counter": <rows emitted in all>}`,
-Grain's layout. A restore re-reads that one window from the parent, packs it
-again (deterministically: the bin shuffle is seeded by `seed + rows emitted
-before the window`) and skips `next_row` rows, so it is exact at every step
-and costs at most one window of parent elements.
+State: `{"parent": <a parent state>, "skip": <elements after it before the
+window being emitted>, "next_row": <rows of that window already emitted>,
+"counter": <rows emitted in all>}` (Grain's layout plus "skip"). A restore
+re-reads that window from the parent, packs it again (deterministically: the
+bin shuffle is seeded by `seed + rows emitted before the window`) and skips
+`next_row` rows, so it is exact at every step; it reads at most two windows
+of parent elements. Grain instead reads the parent's state before every
+element; here it is read once per window.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from loader.transformations import packing_utils
 
 
 class _PackIterator(iter_dataset.DatasetIterator):
-  """Emits the rows of one packed window at a time, filling the next meanwhile."""
+  """Emits the rows of one packed window at a time, filling the next meanwhile.
+
+  A position in the parent stream is (anchor, skip): restore the parent to
+  the state `anchor`, then read `skip` elements. The anchor is renewed once per
+  window, so the parent's state is read once per window rather than before
+  every element, and `skip` stays below one window's worth of elements.
+  """
 
   def __init__(self, parent: iter_dataset.DatasetIterator, spec: packing_utils.PackSpec, *,
                seed: int, shuffle_bins: bool, group_by_feature: str | None, owner: str):
@@ -36,30 +44,41 @@ class _PackIterator(iter_dataset.DatasetIterator):
     self._shuffle_bins = shuffle_bins
     self._group_by_feature = group_by_feature
     self._owner = owner
-    self._reset(parent.get_state(), rows_before=0, next_row=0)
+    self._reset(state_lib.strip(parent.get_state()), skip=0, rows_before=0, next_row=0)
 
-  def _reset(self, window_state: dict[str, Any], *, rows_before: int, next_row: int) -> None:
-    self._window_state = window_state
+  def _reset(self, anchor: dict[str, Any], *, skip: int, rows_before: int, next_row: int) -> None:
+    self._anchor = anchor
+    self._pulled = skip  # Elements read from the parent since `_anchor`.
+    self._window_start = (anchor, skip)  # Where the window being emitted starts.
+    self._next_start: tuple[dict[str, Any], int] | None = None  # Where the one after it starts.
     self._rows_before = rows_before  # Seeds the window's bin shuffle.
     self._next_row = next_row
     self._filling: packing_utils.PackingWindow | None = None
     self._batch: dict[str, Any] | None = None
     self._order = None
     self._num_rows = 0
-    self._after_state: dict[str, Any] | None = None  # Where the window after this one starts.
 
   def get_state(self) -> dict[str, Any]:
-    return {"parent": self._window_state, "next_row": self._next_row,
+    anchor, skip = self._window_start
+    return {"parent": anchor, "skip": skip, "next_row": self._next_row,
             "counter": self._rows_before + self._next_row}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    state_lib.check_keys(state, ("parent", "next_row", "counter"), self._owner)
+    state_lib.check_keys(state, ("parent", "skip", "next_row", "counter"), self._owner)
+    skip = checks.check_int(state["skip"], "skip", minimum=0)
     next_row = checks.check_int(state["next_row"], "next_row", minimum=0)
     counter = checks.check_int(state["counter"], "counter", minimum=next_row)
     self._parent.set_state(state["parent"])
-    self._reset(self._parent.get_state(), rows_before=counter - next_row, next_row=next_row)
+    anchor = state_lib.strip(self._parent.get_state())
+    for _ in range(skip):
+      try:
+        next(self._parent)
+      except StopIteration:
+        raise ValueError(f"{self._owner}.set_state: the input ended before the packed window of {state!r}; "
+                         "was it saved from a different pipeline or input?") from None
+    self._reset(anchor, skip=skip, rows_before=counter - next_row, next_row=next_row)
 
-  def _finish_window(self, next_element: Any, next_state: dict[str, Any]) -> None:
+  def _finish_window(self, next_element: Any, next_start: tuple[dict[str, Any], int]) -> None:
     batch = self._filling.packed_batch()
     self._num_rows = len(batch[self._spec.output_keys[0]])
     if self._next_row >= self._num_rows:
@@ -70,7 +89,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
       self._order = packing_utils.row_order(batch, self._num_rows, self._seed + self._rows_before,
                                             self._group_by_feature)
     self._batch = batch
-    self._after_state = next_state
+    self._next_start = next_start
     self._filling = None
     if next_element is not None:
       self._filling = packing_utils.PackingWindow(self._spec, next_element)
@@ -81,18 +100,20 @@ class _PackIterator(iter_dataset.DatasetIterator):
   def _fill(self) -> None:
     parent = self._parent
     while True:
-      state = parent.get_state()
       try:
         element = next(parent)
       except StopIteration:
         if self._filling is None:
           raise
-        self._finish_window(None, state)  # The last, possibly partial, window.
+        self._finish_window(None, (self._anchor, self._pulled))  # The last, possibly partial, window.
         return
+      self._pulled += 1
       if self._filling is None:
         self._filling = packing_utils.PackingWindow(self._spec, element)
       if not self._filling.try_add(element):
-        self._finish_window(element, state)
+        start = (self._anchor, self._pulled - 1)  # The next window starts with `element`.
+        self._anchor, self._pulled = state_lib.strip(parent.get_state()), 0
+        self._finish_window(element, start)
         return
 
   def __next__(self) -> dict[str, Any]:
@@ -105,7 +126,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
     self._next_row += 1
     if self._next_row >= self._num_rows:
       self._rows_before += self._num_rows
-      self._window_state = self._after_state
+      self._window_start = self._next_start
       self._batch, self._order, self._next_row = None, None, 0
     return out
 

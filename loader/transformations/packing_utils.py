@@ -115,6 +115,8 @@ def _length(x: Any) -> int:
 
 def _buffer_spec(x: Any) -> tuple[np.dtype, tuple[int, ...]]:
   """Dtype and trailing shape of a feature's buffer, from the window's first element."""
+  if type(x) is np.ndarray and x.ndim:  # pylint: disable=unidiomatic-typecheck
+    return x.dtype, x.shape[1:]
   if np.ndim(x) == 0:
     # Grain: a Python int (bool included) packs as int64, other scalars keep their dtype.
     return np.dtype(np.int64) if isinstance(x, int) else np.asarray(x).dtype, ()
@@ -129,6 +131,11 @@ def _missing(element: Any, key: str, spec: PackSpec) -> KeyError:
       f"meta_features {sorted(spec.sequence_meta | set(spec.other_meta))}); this element has {keys}.")
 
 
+# Up to this many bins a plain Python scan finds the row faster than numpy's
+# per-call overhead; above it, vectorised comparisons over all bins win.
+_PY_SCAN_MAX_BINS = 32
+
+
 class PackingWindow:
   """One window of `num_bins` rows being filled, then turned into a packed batch."""
 
@@ -138,16 +145,17 @@ class PackingWindow:
       self._buffer_specs = [_buffer_spec(element_for_shapes[k]) for k in spec.keys]
     except KeyError as e:
       raise _missing(element_for_shapes, e.args[0], spec) from None
-    num_features = len(spec.keys)
-    self._used = np.zeros((num_features, spec.num_bins), dtype=np.int64)
-    self._used_rows = list(self._used)  # Row views, to skip an indexing call per feature.
-    self._count = np.zeros(spec.num_bins, dtype=np.int32)
-    self._rows: list[int] = []
-    self._segments: list[int] = []
-    self._starts: list[list[int]] = [[] for _ in range(num_features)]
-    self._lengths: list[list[int]] = [[] for _ in range(num_features)]
-    self._values: list[list[Any]] = [[] for _ in range(num_features)]
-    self._meta = {k: [[] for _ in range(spec.num_bins)] for k in spec.other_meta}
+    num_features, num_bins = len(spec.keys), spec.num_bins
+    self._used = [[0] * num_bins for _ in range(num_features)]  # Next free cell (aligned) per row.
+    self._count = [0] * num_bins  # Elements per row.
+    self._vectorised = num_bins > _PY_SCAN_MAX_BINS
+    if self._vectorised:
+      self._used_np = np.zeros((num_features, num_bins), dtype=np.int64)
+      self._count_np = np.zeros(num_bins, dtype=np.int64)
+    self._aligned = any(a != 1 for a in spec.alignments)
+    # Per row, its elements in placement order: (segment id, starts, lengths, values) per feature.
+    self._row_elements: list[list[tuple[int, list[int], list[int], list[Any]]]] = [[] for _ in range(num_bins)]
+    self._meta = {k: [[] for _ in range(num_bins)] for k in spec.other_meta}
 
   def _too_long(self, lengths: list[int]) -> ValueError:
     spec = self._spec
@@ -156,58 +164,108 @@ class PackingWindow:
         f"Elements must be truncated to the packed length before packing; "
         f"(feature, length, length_struct value) = {bad}. Truncate them in a map() first.")
 
-  def _fitting_rows(self, lengths: list[int]) -> np.ndarray:
+  def _find_row_scan(self, lengths: list[int]) -> int:
+    """The row for an element (Grain's rule), or -1; a Python scan over the bins."""
     spec = self._spec
-    rows = self._used_rows
-    if spec.best_fit and spec.max_sequences_per_bin is not None:
-      # Grain's best-fit marks full bins by adding the capacity to their used
-      # cells, so an empty "full" bin still takes a zero-length element.
-      full = np.where(self._count < spec.max_sequences_per_bin, 0, 1)
-      fit = rows[0] + full * spec.capacities[0] <= spec.capacities[0] - lengths[0]
-      for f in range(1, len(rows)):
-        fit &= rows[f] + full * spec.capacities[f] <= spec.capacities[f] - lengths[f]
-      return fit
-    fit = rows[0] <= spec.capacities[0] - lengths[0]
-    for f in range(1, len(rows)):
-      fit &= rows[f] <= spec.capacities[f] - lengths[f]
-    if spec.max_sequences_per_bin is not None:
-      fit &= self._count < spec.max_sequences_per_bin
-    return fit
+    used, count, caps = self._used, self._count, spec.capacities
+    limits = [c - n for c, n in zip(caps, lengths)]
+    max_seq = spec.max_sequences_per_bin
+    if not spec.best_fit:
+      # Specialised loops for one and two features (e.g. MaxText's inputs and
+      # targets): `all()` over a generator costs more than the comparisons.
+      if len(used) == 1 and max_seq is None:
+        u, lim = used[0], limits[0]
+        for r in range(spec.num_bins):
+          if u[r] <= lim:
+            return r
+        return -1
+      if len(used) == 2 and max_seq is None:
+        (u0, u1), (lim0, lim1) = used, limits
+        for r in range(spec.num_bins):
+          if u0[r] <= lim0 and u1[r] <= lim1:
+            return r
+        return -1
+      for r in range(spec.num_bins):
+        if (max_seq is None or count[r] < max_seq) and all(u[r] <= lim for u, lim in zip(used, limits)):
+          return r
+      return -1
+    best, best_score = -1, -1
+    if len(used) <= 2 and max_seq is None:
+      (u0, u1), (lim0, lim1) = (used * 2)[:2], (limits * 2)[:2]
+      two = len(used) == 2
+      for r in range(spec.num_bins):
+        if u0[r] <= lim0 and u1[r] <= lim1:
+          score = u0[r] + u1[r] if two else u0[r]
+          if score > best_score:
+            best, best_score = r, score
+      return best
+    for r in range(spec.num_bins):
+      if max_seq is not None and count[r] >= max_seq:
+        # Grain marks a full bin by adding the capacity to its used cells.
+        fits = all(u[r] + c <= lim for u, c, lim in zip(used, caps, limits))
+      else:
+        fits = all(u[r] <= lim for u, lim in zip(used, limits))
+      if fits:
+        score = sum(u[r] for u in used)  # Grain's score: used cells summed over features.
+        if score > best_score:
+          best, best_score = r, score
+    return best
+
+  def _find_row_vectorised(self, lengths: list[int]) -> int:
+    """As `_find_row_scan`, with numpy comparisons over all bins at once."""
+    spec = self._spec
+    used, count, caps = self._used_np, self._count_np, spec.capacities
+    max_seq = spec.max_sequences_per_bin
+    if spec.best_fit and max_seq is not None:
+      full = np.where(count < max_seq, 0, 1)
+      fit = used[0] + full * caps[0] <= caps[0] - lengths[0]
+      for f in range(1, len(caps)):
+        fit &= used[f] + full * caps[f] <= caps[f] - lengths[f]
+    else:
+      fit = used[0] <= caps[0] - lengths[0]
+      for f in range(1, len(caps)):
+        fit &= used[f] <= caps[f] - lengths[f]
+      if max_seq is not None and not spec.best_fit:
+        fit &= count < max_seq
+    if spec.best_fit:
+      if not fit.any():
+        return -1
+      scores = used[0] if len(caps) == 1 else used.sum(axis=0)
+      return int(np.where(fit, scores, -1).argmax())
+    row = int(fit.argmax())
+    return row if fit[row] else -1
 
   def try_add(self, element: Any) -> bool:
     """Places `element` in a row; False if it fits in none (the window is full)."""
     spec = self._spec
+    values, lengths = [], []
     try:
-      values = [element[k] for k in spec.keys]
+      for k, cap in zip(spec.keys, spec.capacities):
+        v = element[k]
+        n = len(v) if type(v) is np.ndarray and v.ndim else _length(v)  # pylint: disable=unidiomatic-typecheck
+        values.append(v)
+        lengths.append(n)
+        if n > cap:
+          lengths += [_length(element[k]) for k in spec.keys[len(lengths):]]
+          raise self._too_long(lengths)
     except KeyError as e:
       raise _missing(element, e.args[0], spec) from None
-    lengths = [_length(v) for v in values]
-    for n, c in zip(lengths, spec.capacities):
-      if n > c:
-        raise self._too_long(lengths)
-    fit = self._fitting_rows(lengths)
-    if spec.best_fit:
-      if not fit.any():
-        return False
-      scores = self._used_rows[0] if len(self._used_rows) == 1 else self._used.sum(axis=0)
-      row = int(np.where(fit, scores, -1).argmax())
-    else:
-      row = int(fit.argmax())
-      if not fit[row]:
-        return False
-    self._rows.append(row)
-    segment = int(self._count[row]) + 1
+    row = self._find_row_vectorised(lengths) if self._vectorised else self._find_row_scan(lengths)
+    if row < 0:
+      return False
+    segment = self._count[row] + 1
     self._count[row] = segment
-    self._segments.append(segment)
-    for f, (v, n) in enumerate(zip(values, lengths)):
-      used = self._used_rows[f]
-      start = int(used[row])
-      end = start + n
-      align = spec.alignments[f]
-      used[row] = end if align == 1 else -(-end // align) * align
-      self._starts[f].append(start)
-      self._lengths[f].append(n)
-      self._values[f].append(v)
+    starts = [u[row] for u in self._used]
+    if self._aligned:
+      for u, start, n, align in zip(self._used, starts, lengths, spec.alignments):
+        u[row] = -(-(start + n) // align) * align
+    else:
+      for u, start, n in zip(self._used, starts, lengths):
+        u[row] = start + n
+    if self._vectorised:
+      self._count_np[row] = segment
+      self._used_np[:, row] = [u[row] for u in self._used]
+    self._row_elements[row].append((segment, starts, lengths, values))
     for k in spec.other_meta:
       try:
         self._meta[k][row].append(element[k])
@@ -215,41 +273,58 @@ class PackingWindow:
         raise _missing(element, k, spec) from None
     return True
 
+  def _runs(self, f: int, pad: np.ndarray) -> tuple[list[Any], list[int], list[int]]:
+    """Feature f's rows as consecutive runs: (arrays, segment id per run, run lengths).
+
+    Padding (row tails, alignment gaps) is a run of segment 0 viewing `pad`.
+    """
+    length = self._spec.capacities[f]
+    trailing = self._buffer_specs[f][1]
+    parts, run_segments, run_lengths = [], [], []
+    for row_elements in self._row_elements:
+      pos = 0
+      for segment, starts, lengths, values in row_elements:
+        start, n = starts[f], lengths[f]
+        if start > pos:
+          parts.append(pad[:start - pos])
+          run_segments.append(0)
+          run_lengths.append(start - pos)
+        v = values[f]
+        parts.append(v if type(v) is np.ndarray and v.ndim else _as_rows(v, trailing))  # pylint: disable=unidiomatic-typecheck
+        run_segments.append(segment)
+        run_lengths.append(n)
+        pos = start + n
+      if pos < length:
+        parts.append(pad[:length - pos])
+        run_segments.append(0)
+        run_lengths.append(length - pos)
+    return parts, run_segments, run_lengths
+
   def packed_batch(self) -> dict[str, np.ndarray]:
     """The packed rows that hold at least one element, as Grain returns them."""
     spec = self._spec
-    num_rows = int(np.count_nonzero(self._count > 0))
+    num_rows = sum(1 for c in self._count if c > 0)
     num_bins = spec.num_bins
-    rows = np.asarray(self._rows, dtype=np.int64)
-    segments = np.asarray(self._segments, dtype=np.int32)
     out: dict[str, Any] = {}
     for f, key in enumerate(spec.keys):
       length = spec.capacities[f]
       dtype, trailing = self._buffer_specs[f]
       padding = spec.paddings[f]
-      shape = (num_bins, length, *trailing)
-      values = np.zeros(shape, dtype) if padding is None else np.full(shape, padding, dtype)
-      with_ids = key not in spec.sequence_meta
-      if with_ids:
-        segment_ids = np.zeros((num_bins, length), np.int32)
-        positions = np.zeros((num_bins, length), np.int32)
-      lengths = np.asarray(self._lengths[f], dtype=np.int64)
-      total = int(lengths.sum())
-      if total:
-        # Token t of element e goes to flat cell row_e * length + start_e + (t - first_e).
-        first = np.cumsum(lengths) - lengths
-        starts = np.asarray(self._starts[f], dtype=np.int64)
-        within = np.arange(total, dtype=np.int64)
-        dest = np.repeat(rows * length + starts - first, lengths) + within
-        parts = [_as_rows(v, trailing) for v in self._values[f]]
-        values.reshape(num_bins * length, *trailing)[dest] = np.concatenate(parts, dtype=dtype, casting="unsafe")
-        if with_ids:
-          segment_ids.reshape(-1)[dest] = np.repeat(segments, lengths)
-          positions.reshape(-1)[dest] = within - np.repeat(first, lengths)
+      pad = np.full((length, *trailing), 0 if padding is None else padding, dtype)
+      parts, run_segments, run_lengths = self._runs(f, pad)
+      # Every cell is covered by exactly one run, so the buffer needs no fill.
+      values = np.empty((num_bins, length, *trailing), dtype)
+      np.concatenate(parts, out=values.reshape(num_bins * length, *trailing), casting="unsafe")
       out[key] = values[:num_rows]
-      if with_ids:
-        out[f"{key}_segment_ids"] = segment_ids[:num_rows]
-        out[f"{key}_positions"] = positions[:num_rows]
+      if key not in spec.sequence_meta:
+        run_lengths = np.asarray(run_lengths, dtype=np.int64)
+        segment_ids = np.repeat(np.asarray(run_segments, dtype=np.int32), run_lengths)
+        run_firsts = np.cumsum(run_lengths) - run_lengths
+        positions = np.arange(num_bins * length, dtype=np.int64 if num_bins * length > 2**31 - 1 else np.int32)
+        positions -= np.repeat(run_firsts.astype(positions.dtype), run_lengths)
+        positions *= segment_ids != 0  # Padding has position 0.
+        out[f"{key}_segment_ids"] = segment_ids.reshape(num_bins, length)[:num_rows]
+        out[f"{key}_positions"] = positions.astype(np.int32, copy=False).reshape(num_bins, length)[:num_rows]
     for k in spec.other_meta:
       per_row = np.empty(num_rows, dtype=object)
       for i in range(num_rows):
@@ -258,7 +333,7 @@ class PackingWindow:
     return {k: out[k] for k in spec.output_keys}
 
 
-def _as_rows(v: Any, trailing: tuple[int, ...]) -> np.ndarray:
+def _as_rows(v: Any, trailing: tuple[int, ...]) -> Any:
   """A feature value as an array of rows (a scalar becomes one row)."""
   if type(v) is np.ndarray and v.ndim:  # pylint: disable=unidiomatic-typecheck
     return v
