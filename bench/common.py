@@ -381,6 +381,60 @@ def run_measured(cmd: Sequence[str], *, timeout: float | None = None, env: dict 
                   max_process_rss_mb=max_rss_kb * 1024 / 1e6, max_processes=peak[1], stdout=text)
 
 
+def tree_cpu_seconds() -> float:
+  """User + system CPU seconds of this process and all its live descendants.
+
+  Also counts the descendants this process has reaped. Call it at the start
+  and the end of a measured window: the difference is the CPU the whole
+  process tree (worker processes included) spent in that window.
+  """
+  import psutil
+  root = psutil.Process()
+  t = root.cpu_times()
+  total = t.user + t.system + t.children_user + t.children_system
+  for child in root.children(recursive=True):
+    try:
+      ct = child.cpu_times()
+      total += ct.user + ct.system
+    except psutil.Error:  # Exited between the listing and the read.
+      pass
+  return total
+
+
+def end_descendants(timeout: float = 5.0) -> int:
+  """Terminates (then kills) the processes this process started; returns how many were left.
+
+  A benchmark child calls it before exiting so that worker processes a
+  library failed to shut down do not outlive it (they would be re-parented
+  and escape run_measured's tree kill).
+  """
+  import psutil
+  children = psutil.Process().children(recursive=True)
+  for c in children:
+    try:
+      c.terminate()
+    except psutil.Error:
+      pass
+  _, alive = psutil.wait_procs(children, timeout=timeout)
+  for c in alive:
+    try:
+      c.kill()
+    except psutil.Error:
+      pass
+  return len(children)
+
+
+def run_json_child(cmd: Sequence[str], tag: str, *, timeout: float, env: dict | None = None
+                   ) -> tuple[dict | None, Measured]:
+  """Runs cmd under run_measured; returns the JSON it printed after `tag` (None if none)."""
+  m = run_measured(cmd, timeout=timeout, env=env)
+  result = None
+  for line in m.stdout.splitlines():
+    if line.startswith(tag):
+      result = json.loads(line[len(tag):])
+  return result, m
+
+
 def _kill_tree(pid: int) -> None:
   import psutil
   try:

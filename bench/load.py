@@ -1,31 +1,48 @@
-"""Benchmark: globally shuffled reading, this loader vs Grain vs tf.data.
+"""Benchmark: shuffled loading, this loader against every peer's best configuration.
 
-  .venv/bin/python bench/load.py [--files 8 --records 25000 --record-bytes 1000] \
-      [--workers 1 2] [--seconds 8] [--repeat 2] [--systems loader,grain,...] \
-      [--json bench/results/load.json]
+  .venv/bin/python bench/load.py [--quick] [--workloads nomap,map,llm]
+      [--systems loader,grain-naive,grain-batched,tf.data,raw] [--seconds 4]
+      [--repeat 1] [--json bench/results/load.json]
 
-One data set, made once and cached in bench/data/: the TFRecord shards of
-bench/common.py (the convert benchmark's input) and an ArrayRecord copy with
-the same records in the same order, written with ArrayRecordWriter
-'group_size:1' and checked against the shards' digests. Each system runs in
-its own subprocess (so imports and worker processes count towards its RSS):
+Three workloads on one data set (8 files x 25,000 serialized tf.train.Examples
+of ~1 KB, cached in bench/data/; the TFRecord shards of bench/common.py and an
+ArrayRecord copy with the same records, 'group_size:1'):
 
-  (a) loader, in process: MapDataset.source(src).shuffle(seed=42).repeat()
-      .batch(256), iterated;
-  (b) the same with .to_iter_dataset().mp_prefetch(num_workers=N);
-  (c) Grain 0.2.18: MapDataset.source(ArrayRecordDataSource(files))
-      .shuffle(seed=42).repeat().to_iter_dataset().batch(256), in process
-      (Grain's default ReadOptions: 16 threads), and with .mp_prefetch(N);
-  (d) tf.data: TFRecordDataset(files).shuffle(10_000).repeat().batch(256)
-      (a local shuffle buffer, not a global shuffle; the usual baseline);
-  (e) the limit: batched random ArrayRecordReader.read of 8192 uniformly
-      random indices per step (one read per file), no pipeline at all.
+  nomap  records as bytes, globally shuffled, batched by 256;
+  map    the same + a ~300 µs/record parse + augment map (parse the Example,
+         then a numpy "image" augment), identical user code in every system;
+  llm    text records -> byte-level tokenizer stand-in -> first-fit packing to
+         1024 and 2048 tokens -> batch (bench/llm.py), in tokens/s.
 
-records/s is measured in steady state: after the first batch and a warm-up
-second, batches are pulled for --seconds. `startup_s` is the time to the
-first batch (including worker start). Systems run round-robin --repeat times
-and each row keeps its best run (the machine may be shared). Peak RSS is the
-peak of the summed RSS of the system's process tree.
+Every peer runs in its best configuration found with its public API, and the
+report names it exactly (the `code` of each row, the Configurations section):
+
+  loader          ours: MapDataset.source(ArrayRecordSource).shuffle().repeat()
+                  [.map()].batch(256).to_iter_dataset(ReadOptions variants)
+                  [.mp_prefetch(1 / 2 / N workers)];
+  grain-naive     Grain 0.2.18 per element: MapDataset.source(
+                  ArrayRecordDataSource).shuffle().repeat()[.map()]
+                  .to_iter_dataset(ReadOptions(num_threads=16)).batch(256);
+  grain-batched   Grain 0.2.18 batched indices: MapDataset.range(n).shuffle()
+                  .repeat().batch(B).map(batched __getitems__ read [+ map])
+                  .to_iter_dataset(ReadOptions(num_threads=T)), rebatched to
+                  256 when B != 256; (B, T) picked by an in-process sweep in
+                  the same run (reported);
+  tf.data         interleave over the shuffled files (parallel, cycle = files)
+                  + shuffle(10,000) + batch + [vectorised parse + the numpy
+                  augment via tf.numpy_function] + prefetch(AUTOTUNE). A local
+                  shuffle only: not the global shuffle the others do;
+  raw             the limit: ArrayRecordReader.read of 2,048 random indices
+                  per call and file, 1 thread and N threads over the files.
+
+Each row runs in its own subprocess (imports, threads and worker processes
+count towards its own RSS and CPU only). Per row: records/s (tokens/s for
+llm) in steady state, time to the 1st and 20th batch (from pipeline
+construction, after imports; import time reported apart), peak RSS of the
+process tree, CPU utilisation (CPU seconds of the process tree / wall
+seconds / cores) over the measured window, and ratios against each peer's
+best at equal workers. Targets are evaluated as met / MISSED from the same
+run. --repeat N runs the whole plan N times and keeps each row's best rate.
 """
 
 from __future__ import annotations
@@ -37,17 +54,43 @@ import os
 import shlex
 import sys
 import time
+import traceback
+from typing import Any, Callable
+
+import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.dirname(_HERE) not in sys.path:
   sys.path.insert(0, os.path.dirname(_HERE))
 
 from bench import common  # pylint: disable=wrong-import-position
+from bench import llm  # pylint: disable=wrong-import-position
 
 BATCH = 256
 SEED = 42
-RAW_BATCH = 8192  # The loader reads ~8192 records per chunk too.
-TARGETS = {"loader_vs_grain_in_process_min": 10.0, "loader_mp_vs_grain_mp_min": 2.0}
+BATCHES_TO_TIME = 20  # "time to the 20th batch"
+SHUFFLE_BUFFER = 10_000  # tf.data's usual local shuffle window.
+GRAIN_NAIVE_THREADS = 16  # Grain's default ReadOptions.num_threads.
+RAW_PER_CALL = 2048  # Random indices per ArrayRecordReader.read call (per file).
+RAW_OPTIONS = ("readahead_buffer_size:0", "readahead_buffer_size:0,max_parallelism:0")
+AUGMENT_ROUNDS = 6  # Sets the map's cost (~300 µs/record with parsing on the reference machine).
+LLM_SEQ_LENS = (1024, 2048)
+LLM_BATCH = 16  # MaxText packs into num_packing_bins = batch size.
+LLM_WORKERS = (0, 1, 2)
+# grain-batched sweep: read batches B x ReadOptions(num_threads=T,
+# prefetch_buffer_size=T) for T in (0, cores). The buffer counts batches, so
+# Grain's default of 500 would hold up to 2M records (GBs with the map).
+GRAIN_SWEEP_READ_BATCHES = {"nomap": (256, 1024, 4096), "map": (256, 1024), "llm": (256, 1024, 4096)}
+WORKLOADS = ("nomap", "map", "llm")
+FAMILIES = ("loader", "grain-naive", "grain-batched", "tf.data", "raw")
+TARGETS = {
+    "nomap_vs_grain_best_min": 3.0,
+    "nomap_vs_tfdata_min": 1.0,
+    "nomap_vs_raw_min": 0.95,
+    "map_scaling_efficiency_2_workers_min": 0.90,
+    "llm_vs_grain_best_min": 3.0,
+    "llm_packing_share_max": 0.20,
+}
 _RESULT_TAG = "LOAD-BENCH-RESULT "
 
 
@@ -89,237 +132,907 @@ def ensure_array_record_copy(data: common.DataSet, log=print) -> list[str]:
 
 
 # --------------------------------------------------------------------------
-# Systems (run in a child process).
+# The map workload's user code: the same functions in every system.
+# Module level, so worker processes unpickle them by name.
+# --------------------------------------------------------------------------
+
+_FEATURES = None
+
+
+def _features():
+  global _FEATURES
+  if _FEATURES is None:
+    # Lazy: the Grain and raw children must not pay for (or depend on) the
+    # loader package until the map runs.
+    from loader.example import FixedLenFeature  # pylint: disable=g-import-not-at-top
+    _FEATURES = {"id": FixedLenFeature([], "int64"), "label": FixedLenFeature([], "int64"),
+                 "payload": FixedLenFeature([], "bytes")}
+  return _FEATURES
+
+
+def augment(record_id: int, payload: bytes) -> np.ndarray:
+  """A numpy "image" augment: 30x30 bytes -> upsample, crop, flip, blur rounds, normalise."""
+  img = np.frombuffer(payload, np.uint8, count=900).reshape(30, 30)
+  img = np.repeat(np.repeat(img, 2, axis=0), 2, axis=1).astype(np.float32)
+  h = (record_id * 2654435761) & 0xFFFFFFFF  # Per-record "randomness", deterministic.
+  dy, dx = h % 5, (h >> 8) % 5
+  img = img[dy:dy + 56, dx:dx + 56]
+  if h & 1:
+    img = img[:, ::-1]
+  img = img * (1.0 / 255.0)
+  for _ in range(AUGMENT_ROUNDS):
+    p = np.pad(img, 1, mode="edge")
+    img = 0.5 * img + 0.125 * (p[:-2, 1:-1] + p[2:, 1:-1] + p[1:-1, :-2] + p[1:-1, 2:])
+    img = np.clip(img * 1.1 - 0.05, 0.0, 1.0)
+  return ((img - img.mean()) / (img.std() + 1e-6)).astype(np.float32)
+
+
+def parse_augment(record: bytes) -> dict[str, np.ndarray]:
+  """The map: parse the tf.train.Example (loader.parse_example), then augment."""
+  from loader.example import parse_example  # pylint: disable=g-import-not-at-top  # See _features.
+  f = parse_example(record, _features())
+  return {"image": augment(int(f["id"]), f["payload"].item()), "label": f["label"]}
+
+
+def collate(elements: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  return {k: np.stack([e[k] for e in elements]) for k in elements[0]}
+
+
+def augment_batch(ids: np.ndarray, payloads: np.ndarray) -> np.ndarray:
+  """tf.data's side of the map: the same augment over a parsed batch."""
+  return np.stack([augment(int(i), bytes(p)) for i, p in zip(ids, payloads)])
+
+
+class GrainBatchedRead:
+  """Grain's batched read: a batch of shuffled indices -> one `__getitems__` call [-> map + collate]."""
+
+  def __init__(self, source: Any, workload: str):
+    self.source = source
+    self.workload = workload
+
+  def __call__(self, indices: np.ndarray):
+    records = self.source.__getitems__(indices.tolist())
+    if self.workload == "map":
+      return collate([parse_augment(r) for r in records])
+    # An object array (not a list) so RebatchIterDataset can concatenate it.
+    out = np.empty(len(records), dtype=object)
+    out[:] = records
+    return out
+
+
+# --------------------------------------------------------------------------
+# Systems: each builds (iterator, count) in a child process.
 # --------------------------------------------------------------------------
 
 
-def _loader_iter(ar_files, workers):
-  import loader  # pylint: disable=g-import-not-at-top
-
-  ds = loader.MapDataset.source(loader.ArrayRecordSource(ar_files)).shuffle(seed=SEED).repeat().batch(BATCH)
-  ds = ds.to_iter_dataset()
-  if workers:
-    ds = ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
-  return iter(ds), len
+def _count_records(batch) -> int:
+  if isinstance(batch, dict):
+    return len(batch["label"])
+  return len(batch)
 
 
-def _grain_iter(ar_files, workers):
+def _import_grain():
   from absl import flags  # pylint: disable=g-import-not-at-top
   import grain  # pylint: disable=g-import-not-at-top
-
-  # Grain reads absl flags; a plain script never parses them.
+  # Grain reads absl flags (mp_prefetch, ArrayRecordDataSource); a plain
+  # script never parses them.
   flags.FLAGS.mark_as_parsed()
-  source = grain.sources.ArrayRecordDataSource(ar_files)
-  ds = grain.MapDataset.source(source).shuffle(seed=SEED).repeat().to_iter_dataset().batch(BATCH)
-  if workers:
-    ds = ds.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(num_workers=workers))
-  return iter(ds), len
+  return grain
 
 
-def _tfdata_iter(tf_files, workers):
-  del workers
+def _import_loader(llm_ops: bool = False):
+  import loader  # pylint: disable=g-import-not-at-top
+  if llm_ops:
+    # `loader.experimental` (packing) may not exist yet; the caller reports
+    # the ImportError as "unavailable".
+    import importlib  # pylint: disable=g-import-not-at-top
+    importlib.import_module("loader.experimental")
+  return loader
+
+
+def _read_options_code(params: dict) -> str:
+  ro = params.get("read_options")
+  if ro is None:
+    return "ReadOptions()"
+  return "ReadOptions(" + ", ".join(f"{k}={v}" for k, v in ro.items()) + ")"
+
+
+def code_for(spec: dict) -> str:
+  """The exact pipeline of a row, as code (files / text_files / n are the data set's)."""
+  w, p, workload = spec["workers"], spec["params"], spec["workload"]
+  family = spec["family"]
+  mp = lambda lib: f".mp_prefetch({lib}.MultiprocessingOptions(num_workers={w}))" if w else ""
+  m = ".map(parse_augment)" if workload == "map" else ""
+  if workload == "llm":
+    lib = "loader" if family == "loader" else "grain"
+    src = ("loader.ArrayRecordSource(text_files)" if family == "loader"
+           else "grain.sources.ArrayRecordDataSource(text_files)")
+    if family == "grain-batched":
+      return (f"bench.llm.batched_read_pipeline(grain, {src}, seq_len={p['seq_len']}, "
+              f"batch_size={LLM_BATCH}, num_workers={w}, read_batch={p['read_batch']}, "
+              f"read_threads={p['read_threads']})")
+    return (f"bench.llm.pipeline({lib}, {src}, seq_len={p['seq_len']}, batch_size={LLM_BATCH}, "
+            f"num_workers={w})")
+  if family == "loader":
+    return (f"loader.MapDataset.source(loader.ArrayRecordSource(files)).shuffle(seed={SEED}).repeat()"
+            f"{m}.batch({BATCH}).to_iter_dataset(loader.{_read_options_code(p)}){mp('loader')}")
+  if family == "grain-naive":
+    return (f"grain.MapDataset.source(grain.sources.ArrayRecordDataSource(files)).shuffle(seed={SEED})"
+            f".repeat(){m}.to_iter_dataset(grain.ReadOptions(num_threads={GRAIN_NAIVE_THREADS}))"
+            f".batch({BATCH}){mp('grain')}")
+  if family == "grain-batched":
+    b, t = p["read_batch"], p["read_threads"]
+    fn = "GrainBatchedRead(source, 'map')  # __getitems__ + parse_augment + collate" if workload == "map" \
+        else "GrainBatchedRead(source, 'nomap')  # __getitems__ -> object array"
+    ds = (f"grain.MapDataset.range(len(source)).shuffle(seed={SEED}).repeat().batch({b})"
+          f".map(fn).to_iter_dataset(grain.ReadOptions(num_threads={t}, prefetch_buffer_size={t}))")
+    if b != BATCH:
+      ds = f"grain.experimental.RebatchIterDataset({ds}, {BATCH})"
+    return (f"source = grain.sources.ArrayRecordDataSource(files); fn = {fn}\n"
+            f"{ds}{mp('grain')}")
+  if family == "tf.data":
+    mapped = (".map(lambda b: parse_then(tf.io.parse_example(b, spec), tf.numpy_function(augment_batch, ...)),"
+              " num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)") if workload == "map" else ""
+    return ("tf.data.Dataset.from_tensor_slices(tf_files).shuffle(len(tf_files), seed=42).repeat()"
+            ".interleave(tf.data.TFRecordDataset, cycle_length=len(tf_files), "
+            "num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)"
+            f".shuffle({SHUFFLE_BUFFER}, seed={SEED}).batch({BATCH}, drop_remainder=True){mapped}"
+            ".prefetch(tf.data.AUTOTUNE)")
+  if family == "raw":
+    th = p["threads"]
+    how = "in a loop" if th == 1 else f"in a ThreadPoolExecutor({th}), one task per file"
+    return (f"readers = [ArrayRecordReader(f, '{p['options']}') for f in files]; per call: take "
+            f"{RAW_PER_CALL} x files indices from a random permutation, readers[f].read(indices of f) "
+            f"for each file {how}")
+  raise ValueError(f"unknown family {family!r}; valid: {FAMILIES}")
+
+
+def _build_loader(spec: dict, files: dict):
+  w, p, workload = spec["workers"], spec["params"], spec["workload"]
+  if workload == "llm":
+    loader = _import_loader(llm_ops=True)
+    return llm.pipeline(loader, loader.ArrayRecordSource(files["text"]), seq_len=p["seq_len"],
+                        batch_size=LLM_BATCH, num_workers=w, seed=SEED)
+  loader = _import_loader()
+  ds = loader.MapDataset.source(loader.ArrayRecordSource(files["ar"])).shuffle(seed=SEED).repeat()
+  if workload == "map":
+    ds = ds.map(parse_augment)
+  ro = p.get("read_options")
+  ds = ds.batch(BATCH).to_iter_dataset(loader.ReadOptions(**ro) if ro is not None else loader.ReadOptions())
+  if w:
+    ds = ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=w))
+  return ds
+
+
+def _build_grain_naive(spec: dict, files: dict):
+  grain = _import_grain()
+  w, p, workload = spec["workers"], spec["params"], spec["workload"]
+  if workload == "llm":
+    return llm.pipeline(grain, grain.sources.ArrayRecordDataSource(files["text"]), seq_len=p["seq_len"],
+                        batch_size=LLM_BATCH, num_workers=w, seed=SEED)
+  ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(files["ar"])).shuffle(seed=SEED).repeat()
+  if workload == "map":
+    ds = ds.map(parse_augment)
+  ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=GRAIN_NAIVE_THREADS)).batch(BATCH)
+  if w:
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=w))
+  return ds
+
+
+def _build_grain_batched(spec: dict, files: dict):
+  grain = _import_grain()
+  w, p, workload = spec["workers"], spec["params"], spec["workload"]
+  b, t = p["read_batch"], p["read_threads"]
+  if workload == "llm":
+    return llm.batched_read_pipeline(grain, grain.sources.ArrayRecordDataSource(files["text"]),
+                                     seq_len=p["seq_len"], batch_size=LLM_BATCH, num_workers=w,
+                                     read_batch=b, read_threads=t, seed=SEED)
+  source = grain.sources.ArrayRecordDataSource(files["ar"])
+  ds = grain.MapDataset.range(len(source)).shuffle(seed=SEED).repeat().batch(b)
+  ds = ds.map(GrainBatchedRead(source, workload)).to_iter_dataset(
+      grain.ReadOptions(num_threads=t, prefetch_buffer_size=t))
+  if b != BATCH:
+    ds = grain.experimental.RebatchIterDataset(ds, BATCH)
+  if w:
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=w))
+  return ds
+
+
+def _build_tfdata(spec: dict, files: dict):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf_files = files["tf"]
+  ds = tf.data.Dataset.from_tensor_slices(tf_files).shuffle(len(tf_files), seed=SEED).repeat()
+  ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=len(tf_files),
+                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+  ds = ds.shuffle(SHUFFLE_BUFFER, seed=SEED).batch(BATCH, drop_remainder=True)
+  if spec["workload"] == "map":
+    feature_spec = {"id": tf.io.FixedLenFeature([], tf.int64), "label": tf.io.FixedLenFeature([], tf.int64),
+                    "payload": tf.io.FixedLenFeature([], tf.string)}
 
-  ds = tf.data.TFRecordDataset(tf_files).shuffle(10_000, seed=SEED).repeat().batch(BATCH)
-  return iter(ds), lambda b: int(b.shape[0])
+    def parse_and_augment(serialized):
+      f = tf.io.parse_example(serialized, feature_spec)
+      image = tf.numpy_function(augment_batch, [f["id"], f["payload"]], tf.float32)
+      return {"image": image, "label": f["label"]}
 
-
-def _raw_iter(ar_files, workers):
-  del workers
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
-
-  readers = [ArrayRecordReader(f, "readahead_buffer_size:0,max_parallelism:0") for f in ar_files]
-  ends = np.cumsum([r.num_records() for r in readers])
-  starts = np.concatenate([[0], ends[:-1]])
-  rng = np.random.default_rng(SEED)
-
-  def gen():
-    while True:
-      idx = rng.integers(0, ends[-1], RAW_BATCH)
-      fid = np.searchsorted(ends, idx, side="right")
-      out = []
-      for f in np.unique(fid):
-        out += readers[f].read((idx[fid == f] - starts[f]).tolist())
-      yield out
-
-  return gen(), len
+    ds = ds.map(parse_and_augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+  return ds.prefetch(tf.data.AUTOTUNE)
 
 
-SYSTEMS = {
-    # name -> (label, factory, uses tfrecords, kind)
-    "loader": ("(a) loader, in process", _loader_iter, False, "loader"),
-    "loader-mp": ("(b) loader, mp_prefetch", _loader_iter, False, "loader"),
-    "grain": ("(c) Grain 0.2.18, in process", _grain_iter, False, "grain"),
-    "grain-mp": ("(c) Grain 0.2.18, mp_prefetch", _grain_iter, False, "grain"),
-    "tf.data": ("(d) tf.data TFRecordDataset, shuffle(10_000)", _tfdata_iter, True, "tf.data"),
-    "raw-read": ("(e) limit: batched random ArrayRecordReader.read", _raw_iter, False, "raw"),
+class _RawReads:
+  """The limit: batched random ArrayRecordReader.read calls, no pipeline at all."""
+
+  def __init__(self, spec: dict, files: dict):
+    from concurrent.futures import ThreadPoolExecutor  # pylint: disable=g-import-not-at-top
+
+    from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
+    p = spec["params"]
+    self.readers = [ArrayRecordReader(f, p["options"]) for f in files["ar"]]
+    counts = np.array([r.num_records() for r in self.readers])
+    self.ends = np.cumsum(counts)
+    self.starts = self.ends - counts
+    self.per_call = min(RAW_PER_CALL * len(self.readers), int(self.ends[-1]))
+    self.rng = np.random.default_rng(SEED)
+    self.perm = self.rng.permutation(int(self.ends[-1]))
+    self.pos = 0
+    self.pool = ThreadPoolExecutor(p["threads"]) if p["threads"] > 1 else None
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> list[bytes]:
+    if self.pos + self.per_call > len(self.perm):
+      self.perm, self.pos = self.rng.permutation(len(self.perm)), 0
+    idx = self.perm[self.pos:self.pos + self.per_call]
+    self.pos += self.per_call
+    fid = np.searchsorted(self.ends, idx, side="right")
+    tasks = [(f, (idx[fid == f] - self.starts[f]).tolist()) for f in np.unique(fid).tolist()]
+    read = lambda t: self.readers[t[0]].read(t[1])
+    parts = self.pool.map(read, tasks) if self.pool else map(read, tasks)
+    out = []
+    for part in parts:
+      out += part
+    return out
+
+  def close(self):
+    if self.pool:
+      self.pool.shutdown()
+
+
+_BUILDERS: dict[str, Callable[[dict, dict], Any]] = {
+    "loader": _build_loader, "grain-naive": _build_grain_naive, "grain-batched": _build_grain_batched,
+    "tf.data": _build_tfdata, "raw": _RawReads,
 }
-MP_SYSTEMS = ("loader-mp", "grain-mp")
+_IMPORTS: dict[str, Callable[[], Any]] = {
+    "loader": _import_loader, "grain-naive": _import_grain, "grain-batched": _import_grain,
+    "tf.data": lambda: __import__("tensorflow"), "raw": lambda: __import__("array_record.python.array_record_module"),
+}
+
+
+# --------------------------------------------------------------------------
+# Child process: measure one row (or a sweep, or the packing cost).
+# --------------------------------------------------------------------------
+
+
+def _count_fn(spec: dict) -> Callable[[Any], int]:
+  if spec["workload"] == "llm":
+    return llm.count_tokens
+  if spec["family"] == "tf.data":
+    return lambda b: int((b["label"] if isinstance(b, dict) else b).shape[0])
+  return _count_records
+
+
+def _measure_iterator(it, count, *, seconds: float, warmup: float, t0: float, batch_times: bool) -> dict:
+  first = next(it)
+  t1 = time.perf_counter() - t0
+  for _ in range(BATCHES_TO_TIME - 1):
+    next(it)
+  t20 = time.perf_counter() - t0
+  warm_end = time.perf_counter() + warmup
+  while time.perf_counter() < warm_end:
+    next(it)
+  cpu0, w0 = common.tree_cpu_seconds(), time.perf_counter()
+  n = batches = 0
+  while True:
+    n += count(next(it))
+    batches += 1
+    now = time.perf_counter()
+    if now - w0 >= seconds:
+      break
+  cpu1 = common.tree_cpu_seconds()
+  wall = now - w0
+  out = {"units": n, "batches": batches, "seconds": round(wall, 3), "rate": round(n / wall, 1),
+         "cpu_s": round(cpu1 - cpu0, 3), "cpu_cores": round((cpu1 - cpu0) / wall, 2),
+         "cpu_util": round((cpu1 - cpu0) / wall / os.cpu_count(), 3), "first_units": count(first)}
+  if batch_times:
+    out.update(first_batch_s=round(t1, 3), batch20_s=round(t20, 3))
+  return out
+
+
+def _close(it, timeout: float = 5.0) -> float | None:
+  """Closes the iterator; seconds it took, None if it took longer than timeout.
+
+  A close that hangs (a worker pool waiting on its workers) is left behind:
+  the child terminates its descendants itself before exiting.
+  """
+  import threading  # pylint: disable=g-import-not-at-top
+  close = getattr(it, "close", None)
+  if close is None:
+    return 0.0
+  t = time.perf_counter()
+  thread = threading.Thread(target=close, daemon=True)
+  thread.start()
+  thread.join(timeout)
+  return None if thread.is_alive() else round(time.perf_counter() - t, 3)
+
+
+def _run_row(spec: dict) -> dict:
+  family, files = spec["family"], spec["files"]
+  t = time.perf_counter()
+  try:
+    _IMPORTS[family]()
+  except Exception as e:  # pylint: disable=broad-except
+    if family == "loader" and spec["workload"] == "llm":
+      return {"status": f"unavailable ({type(e).__name__}: {e})"}
+    raise
+  import_s = time.perf_counter() - t
+  t0 = time.perf_counter()
+  try:
+    ds = _BUILDERS[family](spec, files)
+    it = iter(ds)
+  except Exception as e:  # pylint: disable=broad-except
+    if family == "loader" and spec["workload"] == "llm":
+      return {"status": f"unavailable ({type(e).__name__}: {e})"}
+    raise
+  try:
+    res = _measure_iterator(it, _count_fn(spec), seconds=spec["seconds"], warmup=spec["warmup"], t0=t0,
+                            batch_times=family != "raw")
+  finally:
+    close_s = _close(it)
+  res.update(status="ok", import_s=round(import_s, 3), close_s=close_s)
+  return res
+
+
+def _run_sweep(spec: dict) -> dict:
+  """Grain-batched variants, in process, one after the other: which (B, T) is fastest here."""
+  out = []
+  cores = os.cpu_count() or 1
+  for b, t in [(b, t) for b in GRAIN_SWEEP_READ_BATCHES[spec["workload"]] for t in (0, cores)]:
+    row = {**spec, "family": "grain-batched", "workers": 0,
+           "params": {**spec["params"], "read_batch": b, "read_threads": t}}
+    try:
+      t0 = time.perf_counter()
+      it = iter(_build_grain_batched(row, spec["files"]))
+      res = _measure_iterator(it, _count_fn(row), seconds=spec["seconds"], warmup=spec["warmup"], t0=t0,
+                              batch_times=True)
+      _close(it)
+      out.append({"read_batch": b, "read_threads": t, "rate": res["rate"], "batch20_s": res["batch20_s"]})
+    except Exception as e:  # pylint: disable=broad-except
+      out.append({"read_batch": b, "read_threads": t, "error": f"{type(e).__name__}: {e}"})
+  return {"status": "ok", "variants": out}
+
+
+def _run_pack_cost(spec: dict) -> dict:
+  """Seconds per real token spent in FirstFitPackIterDataset + batch, in process."""
+  p = spec["params"]
+  if spec["family"] == "loader":
+    try:
+      lib = _import_loader(llm_ops=True)
+    except Exception as e:  # pylint: disable=broad-except
+      return {"status": f"unavailable ({type(e).__name__}: {e})"}
+    source = lib.ArrayRecordSource(spec["files"]["text"])
+  else:
+    lib = _import_grain()
+    source = lib.sources.ArrayRecordDataSource(spec["files"]["text"])
+  elements = llm.tokenized_sample(source, p["seq_len"], p["documents"], seed=SEED)
+  try:
+    seconds, tokens = llm.packing_seconds(lib, elements, seq_len=p["seq_len"], batch_size=LLM_BATCH)
+  except Exception as e:  # pylint: disable=broad-except
+    if spec["family"] == "loader":
+      return {"status": f"unavailable ({type(e).__name__}: {e})"}
+    raise
+  return {"status": "ok", "pack_s": round(seconds, 4), "tokens": tokens,
+          "pack_us_per_token": round(seconds / tokens * 1e6, 5)}
+
+
+def _run_map_cost(spec: dict) -> dict:
+  """µs per record of the map (parse_augment), one thread, best of 3 passes."""
+  from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
+  reader = ArrayRecordReader(spec["files"]["ar"][0], "readahead_buffer_size:0")
+  records = reader.read(list(range(min(256, reader.num_records()))))
+  parse_augment(records[0])
+  best = float("inf")
+  for _ in range(3):
+    t = time.perf_counter()
+    for r in records:
+      parse_augment(r)
+    best = min(best, (time.perf_counter() - t) / len(records))
+  return {"status": "ok", "map_us_per_record": round(best * 1e6, 1)}
 
 
 def run_child(spec: dict) -> dict:
-  """Runs one system; returns its measurements."""
-  t0 = time.perf_counter()
-  _, factory, uses_tf, _ = SYSTEMS[spec["system"]]
-  files = spec["tf_files"] if uses_tf else spec["ar_files"]
-  it, count = factory(files, spec["workers"])
-  first = next(it)
-  startup = time.perf_counter() - t0
-  records = count(first)
-  warm_until = time.perf_counter() + 1.0
-  while time.perf_counter() < warm_until:
-    next(it)
-  n, t = 0, time.perf_counter()
-  end = t + spec["seconds"]
-  while True:
-    n += count(next(it))
-    now = time.perf_counter()
-    if now >= end:
-      break
-  seconds = now - t
-  if hasattr(it, "close"):
-    it.close()
-  return {"records": n, "seconds": round(seconds, 3), "startup_s": round(startup, 3),
-          "records_per_s": round(n / seconds, 1), "first_batch_records": records}
+  """Entry point of a child process."""
+  kind = spec.get("kind", "row")
+  try:
+    fn = {"row": _run_row, "sweep": _run_sweep, "pack": _run_pack_cost, "mapcost": _run_map_cost}[kind]
+    return fn(spec)
+  except Exception as e:  # pylint: disable=broad-except
+    return {"status": f"failed ({type(e).__name__}: {str(e)[:300]})",
+            "error": traceback.format_exc()[-3000:]}
 
 
 # --------------------------------------------------------------------------
-# Parent.
+# Parent: plan, run, compare.
 # --------------------------------------------------------------------------
 
 
 def _measure(spec: dict, timeout: float) -> dict:
   cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
   env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": common.REPO_ROOT}
-  m = common.run_measured(cmd, timeout=timeout, env=env)
-  result = None
-  for line in m.stdout.splitlines():
-    if line.startswith(_RESULT_TAG):
-      result = json.loads(line[len(_RESULT_TAG):])
-  if m.returncode != 0 or result is None:
+  result, m = common.run_json_child(cmd, _RESULT_TAG, timeout=timeout, env=env)
+  if result is None:
     tail = "\n".join(m.stdout.splitlines()[-15:])
-    return {"status": f"failed (exit {m.returncode})", "error": tail}
-  result.update(status="ok", peak_rss_mb=round(m.peak_rss_mb, 1), processes=m.max_processes,
-                process_s=round(m.wall_s, 2))
+    what = "timed out" if m.wall_s >= timeout else f"exit {m.returncode}"
+    return {"status": f"failed ({what})", "error": tail}
+  result.update(peak_rss_mb=round(m.peak_rss_mb, 1), processes=m.max_processes, process_s=round(m.wall_s, 2))
   return result
 
 
-def _plan(systems: list[str], workers: list[int]) -> list[tuple[str, int]]:
-  plan = []
-  for s in systems:
-    if s in MP_SYSTEMS:
-      plan += [(s, w) for w in workers]
+def _row_name(spec: dict) -> str:
+  family, w, p = spec["family"], spec["workers"], spec["params"]
+  name = family
+  if family == "loader" and spec.get("variant"):
+    name += f" {spec['variant']}"
+  if family == "raw":
+    name += f" {p['threads']} thread{'s' if p['threads'] > 1 else ''}"
+    name += "" if p["options"] == RAW_OPTIONS[0] else " max_parallelism:0"
+  if spec["workload"] == "llm":
+    name += f" L={p['seq_len']}"
+  if w:
+    name += f" mp x{w}"
+  return name
+
+
+def plan(workloads: list[str], families: list[str], cores: int) -> list[dict]:
+  """The rows to run, in order (sweep-dependent params are filled in later)."""
+  workers = sorted({1, 2, cores})
+  rows = []
+
+  def add(workload, family, w, params=None, variant=None):
+    if family in families:
+      rows.append({"workload": workload, "family": family, "workers": w, "params": dict(params or {}),
+                   "variant": variant})
+
+  for workload in [w for w in workloads if w != "llm"]:
+    add(workload, "loader", 0, {"read_options": None}, "ReadOptions()")
+    add(workload, "loader", 0, {"read_options": {"num_threads": 0}}, "ReadOptions(num_threads=0)")
+    add(workload, "loader", 0, {"read_options": {"num_threads": cores}}, f"ReadOptions(num_threads={cores})")
+    for w in workers:
+      add(workload, "loader", w, {"read_options": None})
+    for family in ("grain-naive", "grain-batched"):
+      for w in [0] + workers:
+        add(workload, family, w)
+    add(workload, "tf.data", 0)
+    if workload == "nomap":
+      for options in RAW_OPTIONS:
+        for threads in sorted({1, cores}):
+          add(workload, "raw", 0, {"options": options, "threads": threads})
+  if "llm" in workloads:
+    for seq_len in LLM_SEQ_LENS:
+      for family in ("loader", "grain-naive", "grain-batched"):
+        for w in LLM_WORKERS:
+          add("llm", family, w, {"seq_len": seq_len})
+  return rows
+
+
+def _best_grain(rows: list[dict], workload: str, w: int, key: str = "rate", seq_len=None) -> dict | None:
+  cands = [r for r in rows if r["workload"] == workload and r["family"].startswith("grain")
+           and r["workers"] == w and r.get("status") == "ok"
+           and (seq_len is None or r["params"].get("seq_len") == seq_len)]
+  return max(cands, key=lambda r: r[key]) if cands else None
+
+
+def _find(rows, workload, family, w, **params) -> dict | None:
+  for r in rows:
+    if (r["workload"], r["family"], r["workers"]) == (workload, family, w) and all(
+        r["params"].get(k, None) == v for k, v in params.items()):
+      return r
+  return None
+
+
+def _ok(r: dict | None) -> bool:
+  return bool(r) and r.get("status") == "ok"
+
+
+def _ratio(a: dict | None, b: dict | None, key: str = "rate") -> float | None:
+  if _ok(a) and _ok(b) and b.get(key):
+    return round(a[key] / b[key], 3)
+  return None
+
+
+def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None) -> list[dict]:
+  """Fills each row's ratios and returns the target lines (met / MISSED / n/a)."""
+  workers = sorted({1, 2, cores})
+  targets = []
+
+  def target(name, value, ok, detail):
+    status = "n/a" if value is None else ("met" if ok else "MISSED")
+    targets.append({"target": name, "value": value, "status": status, "detail": detail})
+
+  for workload in [w for w in ("nomap", "map") if any(r["workload"] == w for r in rows)]:
+    ours = {w: _find(rows, workload, "loader", w, read_options=None) for w in [0] + workers}
+    tfd = _find(rows, workload, "tf.data", 0)
+    raws = [r for r in rows if r["workload"] == workload and r["family"] == "raw" and _ok(r)]
+    raw = max(raws, key=lambda r: r["rate"]) if raws else None
+    single = _find(rows, workload, "loader", 0, read_options={"num_threads": 0})
+    for r in rows:
+      if r["workload"] != workload or not _ok(r):
+        continue
+      g = _best_grain(rows, workload, r["workers"])
+      if r["family"] == "loader":
+        r["vs_grain_best"] = _ratio(r, g)
+        r["vs_tfdata"] = _ratio(r, tfd)
+        r["vs_raw_limit"] = _ratio(r, raw)
+      if r["family"] == "loader" and r["workers"] and _ok(single):
+        r["scaling_efficiency"] = round(r["rate"] / (r["workers"] * single["rate"]), 3)
+      if r["family"].startswith("grain") and g is r:
+        r["grain_best"] = True
+    title = "no map" if workload == "nomap" else "heavy map"
+    ratios = {w: _ratio(ours[w], _best_grain(rows, workload, w)) for w in [0] + workers}
+    if workload == "nomap":
+      vals = [v for v in ratios.values() if v is not None]
+      value = min(vals) if len(vals) == len(ratios) else None
+      target(f"{title}: ours >= {TARGETS['nomap_vs_grain_best_min']:g}x Grain's best at equal workers",
+             value, value is not None and value >= TARGETS["nomap_vs_grain_best_min"],
+             ", ".join(f"{w} workers: {_fmt_x(v)}" for w, v in ratios.items()))
+      v = _ratio(ours[0], tfd)
+      target(f"{title}: ours in process >= {TARGETS['nomap_vs_tfdata_min']:g}x tf.data (local shuffle)",
+             v, v is not None and v >= TARGETS["nomap_vs_tfdata_min"],
+             f"ours {_fmt_rate(ours[0])}, tf.data {_fmt_rate(tfd)} records/s")
+      v = _ratio(ours[0], raw)
+      target(f"{title}: ours in process >= {TARGETS['nomap_vs_raw_min']:.0%} of the raw batched read limit",
+             v, v is not None and v >= TARGETS["nomap_vs_raw_min"],
+             f"ours {_fmt_rate(ours[0])}, limit {_fmt_rate(raw)} records/s ({raw['name'] if raw else '-'})")
     else:
-      plan.append((s, 0))
-  return plan
+      two = _find(rows, "map", "loader", 2, read_options=None)
+      eff = two.get("scaling_efficiency") if _ok(two) else None
+      target(f"heavy map: >= {TARGETS['map_scaling_efficiency_2_workers_min']:.0%} scaling efficiency at "
+             f"2 workers ({cores} cores here)", eff,
+             eff is not None and eff >= TARGETS["map_scaling_efficiency_2_workers_min"],
+             f"2 workers {_fmt_rate(two)} records/s vs 2 x single-core (ReadOptions(num_threads=0), "
+             f"in process) {_fmt_rate(single)}" + (f"; map {map_cost['map_us_per_record']} µs/record"
+                                                   if map_cost and _ok(map_cost) else ""))
+    # Time to the 20th batch, ours vs Grain's quickest at equal workers.
+    parts, all_ok, have_all = [], True, True
+    for w in [0] + workers:
+      gs = [r for r in rows if r["workload"] == workload and r["family"].startswith("grain")
+            and r["workers"] == w and _ok(r)]
+      g = min(gs, key=lambda r: r["batch20_s"]) if gs else None
+      if not (_ok(ours[w]) and g):
+        have_all = False
+        continue
+      all_ok &= ours[w]["batch20_s"] <= g["batch20_s"]
+      parts.append(f"{w} workers: {ours[w]['batch20_s']:.2f} s vs {g['batch20_s']:.2f} s")
+    target(f"{title}: time to 20th batch <= Grain's best at equal workers",
+           "all" if have_all else None, all_ok, "; ".join(parts))
+
+  # LLM.
+  parts, vals, shares = [], [], []
+  for r in rows:
+    if r["workload"] != "llm" or not _ok(r):
+      continue
+    L = r["params"]["seq_len"]
+    g = _best_grain(rows, "llm", r["workers"], seq_len=L)
+    if r["family"] == "loader":
+      r["vs_grain_best"] = _ratio(r, g)
+    elif g is r:
+      r["grain_best"] = True
+    cost = pack.get((r["family"] if r["family"] == "loader" else "grain", L))
+    if _ok(cost):
+      # Ours packs in the consuming process; Grain packs in each worker.
+      packers = 1 if r["family"] == "loader" or not r["workers"] else r["workers"]
+      r["pack_share"] = round(cost["pack_us_per_token"] * 1e-6 * r["rate"] / packers, 3)
+  for L in LLM_SEQ_LENS:
+    for w in LLM_WORKERS:
+      o = _find(rows, "llm", "loader", w, seq_len=L)
+      if o is None:  # llm workload or loader not in this run.
+        continue
+      v = o.get("vs_grain_best") if _ok(o) else None
+      vals.append(v)
+      parts.append(f"L={L} {w} workers: {_fmt_x(v) if v is not None else (o or {}).get('status', '-')}")
+      shares.append(o.get("pack_share") if _ok(o) else None)
+  if vals:
+    have = all(v is not None for v in vals)
+    value = min(vals) if have else None
+    target(f"LLM: ours >= {TARGETS['llm_vs_grain_best_min']:g}x Grain's best tokens/s at equal workers",
+           value, have and value >= TARGETS["llm_vs_grain_best_min"], "; ".join(parts))
+    have = all(s is not None for s in shares)
+    value = max(shares) if have else None
+    target(f"LLM: packing <= {TARGETS['llm_packing_share_max']:.0%} of the pipeline's time (ours)",
+           value, have and value <= TARGETS["llm_packing_share_max"],
+           "worst row; pack_share per row in the table")
+  return targets
 
 
-def _row_name(system: str, workers: int) -> str:
-  return f"{system} x{workers}" if system in MP_SYSTEMS else system
+def _fmt_x(v) -> str:
+  return "-" if v is None else f"{v:.2f}x"
 
 
-def _ratios(rows: dict[str, dict], workers: list[int]) -> dict[str, float]:
-  rate = lambda name: (rows.get(name) or {}).get("records_per_s")
-  out = {}
+def _fmt_rate(r) -> str:
+  return f"{r['rate']:,.0f}" if _ok(r) else "-"
 
-  def ratio(key, a, b):
-    if rate(a) and rate(b):
-      out[key] = round(rate(a) / rate(b), 2)
 
-  ratio("loader / grain (in process)", "loader", "grain")
-  for w in workers:
-    ratio(f"loader mp / grain mp ({w} worker{'s' if w > 1 else ''})", f"loader-mp x{w}", f"grain-mp x{w}")
-  ratio("loader / tf.data", "loader", "tf.data")
-  ratio("loader / raw batched read limit", "loader", "raw-read")
-  for w in workers:
-    ratio(f"loader mp x{w} / raw batched read limit", f"loader-mp x{w}", "raw-read")
-  return out
+# --------------------------------------------------------------------------
+# Report.
+# --------------------------------------------------------------------------
+
+
+def _cell(v, spec: str = "") -> str:
+  if v is None:
+    return "-"
+  if isinstance(v, float) and spec:
+    return format(v, spec)
+  return str(v)
+
+
+def _table(rows: list[dict], columns: list[tuple[str, Callable[[dict], str]]]) -> str:
+  lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(f(r) for _, f in columns) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def _status(r: dict) -> str:
+  s = r.get("status", "-")
+  return s.replace("|", "/")[:160]
+
+
+def _workload_table(rows: list[dict], workload: str) -> str:
+  unit = "tokens/s" if workload == "llm" else "records/s"
+  cols = [
+      ("system", lambda r: r["name"] + (" **(Grain best)**" if r.get("grain_best") else "")),
+      ("workers", lambda r: str(r["workers"])),
+      (unit, lambda r: _cell(r.get("rate"), ",.0f")),
+      ("vs Grain best", lambda r: _fmt_x(r.get("vs_grain_best")) if "vs_grain_best" in r else ""),
+  ]
+  if workload == "nomap":
+    cols += [("vs tf.data", lambda r: _fmt_x(r.get("vs_tfdata")) if "vs_tfdata" in r else ""),
+             ("vs raw limit", lambda r: _fmt_x(r.get("vs_raw_limit")) if "vs_raw_limit" in r else "")]
+  if workload == "map":
+    cols += [("vs tf.data", lambda r: _fmt_x(r.get("vs_tfdata")) if "vs_tfdata" in r else ""),
+             ("scaling eff.", lambda r: _cell(r.get("scaling_efficiency"), ".0%"))]
+  if workload == "llm":
+    cols += [("pack share", lambda r: _cell(r.get("pack_share"), ".0%"))]
+  cols += [
+      ("1st batch s", lambda r: _cell(r.get("first_batch_s"), ".2f")),
+      ("20th batch s", lambda r: _cell(r.get("batch20_s"), ".2f")),
+      ("import s", lambda r: _cell(r.get("import_s"), ".2f")),
+      ("peak RSS MB", lambda r: _cell(r.get("peak_rss_mb"), ",.0f")),
+      ("CPU util", lambda r: (f"{r['cpu_util']:.0%} ({r['cpu_cores']:.2f} cores)"
+                              if r.get("cpu_util") is not None else "-")),
+      ("procs", lambda r: _cell(r.get("processes"))),
+      ("status", _status),
+  ]
+  return _table([r for r in rows if r["workload"] == workload], cols)
+
+
+def render_markdown(result: dict) -> str:
+  """The load section of bench/README.md."""
+  cores = result["cpu_count"]
+  d, t = result["data"], result.get("text_data") or {}
+  out = [
+      f"Run {result['created']} on {cores} cores ({result['machine'].get('platform', '')}, "
+      f"{result['machine'].get('memory_gb', '?')} GB; 1-minute load average at start "
+      f"{result['machine'].get('load_avg_1m', '?')}). `{result['command']}`; "
+      f"{result['settings']['seconds']:g} s measured per row after {result['settings']['warmup']:g} s of "
+      f"warm-up, best of {result['settings']['repeat']} run(s). Versions: "
+      + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + ".",
+      "",
+      f"Data: {d['shards']} files x {d['records_per_shard']:,} tf.train.Examples of ~{d['record_bytes']} B "
+      f"({d['payload_mb']:g} MB), TFRecord for tf.data and an ArrayRecord copy (group_size:1) for the rest."
+      + (f" LLM: {t['shards']} files x {t['records_per_shard']:,} text documents, mean {t['mean_bytes']:g} B "
+         f"({t['kind']})." if t else ""),
+      "",
+      "### Targets",
+      "",
+      _table(result["targets"], [("target", lambda r: r["target"]),
+                                 ("value", lambda r: (f"{r['value']:.2f}" if isinstance(r["value"], float)
+                                                      else _cell(r["value"]))),
+                                 ("status", lambda r: f"**{r['status']}**"),
+                                 ("detail", lambda r: r["detail"])]),
+      "",
+  ]
+  titles = {"nomap": "No map: shuffled records, batch 256",
+            "map": "Heavy map: parse + augment, batch 256",
+            "llm": f"LLM pipeline: tokenize, first-fit pack, batch {LLM_BATCH} (tokens/s = real tokens)"}
+  for workload in WORKLOADS:
+    if not any(r["workload"] == workload for r in result["all_rows"]):
+      continue
+    out += [f"### {titles[workload]}", ""]
+    if workload == "map" and result.get("map_cost"):
+      mc = result["map_cost"]
+      out += [f"The map costs {mc.get('map_us_per_record', '-')} µs/record on one core here "
+              f"({mc.get('status')}).", ""]
+    out += [_workload_table(result["all_rows"], workload), ""]
+    sweep = result.get("sweeps", {}).get(workload)
+    if sweep:
+      variants = sweep.get("variants") or []
+      shown = ", ".join(f"B={v['read_batch']} T={v['read_threads']}: "
+                        + (f"{v['rate']:,.0f}" if "rate" in v else v.get("error", "?")) for v in variants)
+      out += [f"grain-batched sweep (in process, {result['settings']['sweep_seconds']:g} s each): {shown}; "
+              f"chosen B={sweep.get('chosen', {}).get('read_batch')}, "
+              f"T={sweep.get('chosen', {}).get('read_threads')}.", ""]
+  if result.get("pack_costs"):
+    out += ["Packing cost, measured apart (FirstFitPackIterDataset + batch over in-memory tokenized "
+            "documents, in process, minus the same stream without packing): "
+            + "; ".join(f"{k}: " + (f"{v['pack_us_per_token']:.4f} µs/token" if _ok(v) else v["status"])
+                        for k, v in result["pack_costs"].items()) + ".", ""]
+  out += ["### Configurations (exact code of every row)", ""]
+  for r in result["all_rows"]:
+    out += [f"- `{r['workload']}` / {r['name']}: `{r['code'].replace(chr(10), '; ')}`"]
+  out += ["", "Notes:", ""] + [f"- {n}" for n in result["notes"]]
+  return "\n".join(out) + "\n"
+
+
+NOTES = [
+    "rate (records/s or tokens/s) is steady state: after the 20th batch and the warm-up, batches are pulled "
+    "for the measured seconds. 1st / 20th batch s count from pipeline construction (after imports; "
+    "`import s` is the library's import time) and include worker start-up.",
+    "ours' ratios use our default configuration for that worker count (ReadOptions(), "
+    "MultiprocessingOptions(num_workers=W)); 'vs Grain best' divides by the fastest Grain row (naive or "
+    "batched) at the same worker count; the other ReadOptions rows are shown, not used for ratios.",
+    "heavy-map scaling efficiency = rate with W workers / (W x the in-process ReadOptions(num_threads=0) "
+    "rate, i.e. one core doing read + map + batch).",
+    "CPU util = CPU seconds of the whole process tree in the measured window / wall seconds / cores.",
+    "Peak RSS: peak of the summed RSS of the row's process tree (shared pages count once per process).",
+    "tf.data reads TFRecord (its native format) with a 10,000-record shuffle buffer: a local shuffle, "
+    "not a global one; its map runs the same numpy augment through tf.numpy_function after a vectorised "
+    "tf.io.parse_example.",
+    "LLM pack share = packing µs/token (measured apart) x the row's tokens/s, divided by the number of "
+    "processes that pack (ours: the consuming process; Grain: each worker).",
+]
+
+
+def _sweep(workload: str, args, files: dict, cores: int) -> dict:
+  params = {"seq_len": LLM_SEQ_LENS[0]} if workload == "llm" else {}
+  spec = {"kind": "sweep", "workload": workload, "family": "grain-batched", "workers": 0, "params": params,
+          "seconds": args.sweep_seconds, "warmup": min(args.warmup, 0.5), "files": files}
+  res = _measure(spec, args.timeout + len(GRAIN_SWEEP_READ_BATCHES[workload]) * 60)
+  good = [v for v in res.get("variants", []) if "rate" in v]
+  chosen = max(good, key=lambda v: v["rate"]) if good else {"read_batch": BATCH, "read_threads": 0}
+  res["chosen"] = {"read_batch": chosen["read_batch"], "read_threads": chosen["read_threads"]}
+  return res
 
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--quick", action="store_true",
+                 help="Tiny data and short windows: a smoke run of every row (minutes on 2 cores).")
   p.add_argument("--files", type=int, default=8, help="Number of files (shards).")
-  p.add_argument("--records", type=int, default=25_000, help="Records per file.")
+  p.add_argument("--records", type=int, default=None, help="Records per file (default 25,000; quick 1,000).")
   p.add_argument("--record-bytes", type=int, default=1000, help="Target serialized record size.")
-  p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="Worker counts for mp_prefetch rows.")
-  p.add_argument("--seconds", type=float, default=8.0, help="Measured seconds per system run.")
-  p.add_argument("--repeat", type=int, default=2, help="Round-robin runs per system; the best counts.")
-  p.add_argument("--systems", default=",".join(SYSTEMS), help=f"Comma-separated subset of {list(SYSTEMS)}.")
-  p.add_argument("--timeout", type=float, default=600, help="Seconds per system run.")
+  p.add_argument("--seconds", type=float, default=None, help="Measured seconds per row (default 4; quick 1).")
+  p.add_argument("--warmup", type=float, default=None, help="Warm-up seconds after the 20th batch.")
+  p.add_argument("--sweep-seconds", type=float, default=None, help="Seconds per grain-batched sweep variant.")
+  p.add_argument("--repeat", type=int, default=1, help="Runs of the whole plan; each row keeps its best.")
+  p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"Comma-separated subset of {WORKLOADS}.")
+  p.add_argument("--systems", default=",".join(FAMILIES), help=f"Comma-separated subset of {FAMILIES}.")
+  p.add_argument("--timeout", type=float, default=120, help="Seconds per row before its process tree is killed.")
   p.add_argument("--json", help="Write the results as JSON here (for bench/run_all.py).")
   p.add_argument("--child", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
 
   if args.child:
-    print(_RESULT_TAG + json.dumps(run_child(json.loads(args.child))), flush=True)
-    return 0
+    # Run through the imported module (not __main__) so worker processes
+    # unpickle parse_augment & co. as bench.load.*.
+    from bench import load as this  # pylint: disable=g-import-not-at-top,import-self
+    result = this.run_child(json.loads(args.child))
+    print(_RESULT_TAG + json.dumps(result), flush=True)
+    common.end_descendants()
+    sys.stderr.flush()
+    # Skip interpreter shutdown: the libraries' exit hooks may wait on
+    # workers that end_descendants has just ended.
+    os._exit(0)
 
-  systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-  unknown = sorted(set(systems) - set(SYSTEMS))
-  if unknown:
-    p.error(f"unknown systems {unknown}; valid: {list(SYSTEMS)}")
-  data = common.ensure_tfrecord_data(args.files, args.records, args.record_bytes)
+  quick = args.quick
+  records = args.records or (1000 if quick else 25_000)
+  args.seconds = args.seconds or (1.0 if quick else 4.0)
+  args.warmup = args.warmup if args.warmup is not None else (0.3 if quick else 1.0)
+  args.sweep_seconds = args.sweep_seconds or (0.5 if quick else 1.5)
+  workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+  families = [s.strip() for s in args.systems.split(",") if s.strip()]
+  for given, valid, what in ((workloads, WORKLOADS, "--workloads"), (families, FAMILIES, "--systems")):
+    bad = sorted(set(given) - set(valid))
+    if bad:
+      p.error(f"{what}: unknown {bad}; valid: {list(valid)}")
+  cores = os.cpu_count() or 1
+  started = time.monotonic()
+  machine = common.machine_info()
+
+  data = common.ensure_tfrecord_data(args.files, records, args.record_bytes)
   ar_files = ensure_array_record_copy(data)
-  common.warm_page_cache(data.files + ar_files)
-  plan = _plan(systems, args.workers)
-  best: dict[str, dict] = {}
+  files = {"ar": ar_files, "tf": data.files}
+  text = None
+  if "llm" in workloads:
+    text = llm.ensure_text_data(args.files, records, args.record_bytes)
+    files["text"] = text["files"]
+  common.warm_page_cache(data.files + ar_files + files.get("text", []))
+
+  map_cost, sweeps, pack = None, {}, {}
+  if "map" in workloads:
+    map_cost = _measure({"kind": "mapcost", "workload": "map", "files": files}, args.timeout)
+    print(f"map cost: {map_cost.get('map_us_per_record', map_cost['status'])} µs/record", flush=True)
+  if "grain-batched" in families:
+    for workload in workloads:
+      sweeps[workload] = _sweep(workload, args, files, cores)
+      print(f"grain-batched sweep ({workload}): chosen {sweeps[workload]['chosen']} "
+            f"[{sweeps[workload]['status']}]", flush=True)
+  if "llm" in workloads:
+    docs = 1000 if quick else 4000
+    for family in [f for f in ("loader", "grain") if (f in families or f"{f}-naive" in families)]:
+      for seq_len in LLM_SEQ_LENS:
+        spec = {"kind": "pack", "workload": "llm", "family": family, "workers": 0,
+                "params": {"seq_len": seq_len, "documents": docs}, "files": files}
+        pack[(family, seq_len)] = _measure(spec, args.timeout)
+        print(f"packing cost {family} L={seq_len}: "
+              f"{pack[(family, seq_len)].get('pack_us_per_token', pack[(family, seq_len)]['status'])} µs/token",
+              flush=True)
+
+  specs = plan(workloads, families, cores)
+  for s in specs:
+    if s["family"] == "grain-batched":
+      s["params"].update(sweeps.get(s["workload"], {}).get("chosen", {}))
+    s["name"] = _row_name(s)
+    s["code"] = code_for(s)
+  best: dict[int, dict] = {}
   for rep in range(args.repeat):
-    for system, workers in plan:
-      name = _row_name(system, workers)
-      spec = {"system": system, "workers": workers, "seconds": args.seconds,
-              "ar_files": ar_files, "tf_files": data.files}
+    for i, s in enumerate(specs):
+      spec = {**s, "kind": "row", "seconds": args.seconds, "warmup": args.warmup, "files": files}
       res = _measure(spec, args.timeout)
-      shown = f"{res['records_per_s']:,.0f} records/s" if res["status"] == "ok" else res["status"]
-      print(f"[{rep + 1}/{args.repeat}] {name:<14} {shown}", flush=True)
-      if res["status"] != "ok" and rep == 0:
+      unit = "tokens/s" if s["workload"] == "llm" else "records/s"
+      shown = (f"{res['rate']:,.0f} {unit}, 20th batch {res.get('batch20_s', '-')} s, "
+               f"RSS {res['peak_rss_mb']:,.0f} MB" if res["status"] == "ok" else res["status"])
+      print(f"[{rep + 1}/{args.repeat}] [{i + 1}/{len(specs)}] {s['workload']:<5} {s['name']:<40} {shown}",
+            flush=True)
+      if res["status"].startswith("failed") and rep == 0:
         print(res.get("error", ""), flush=True)
-      old = best.get(name)
-      if old is None or old.get("status") != "ok" or (
-          res["status"] == "ok" and res["records_per_s"] > old["records_per_s"]):
-        best[name] = {"system": name, "label": SYSTEMS[system][0], "workers": workers, **res}
-  rows = [best[_row_name(s, w)] for s, w in plan]
-  ratios = _ratios(best, args.workers)
-  grain_by_workers = {r["workers"]: r for r in rows if r["system"].startswith("grain") and r["status"] == "ok"}
-  for r in rows:
-    g = grain_by_workers.get(r["workers"])
-    if r["system"].startswith("loader") and g and r["status"] == "ok":
-      r["vs_grain_same_workers"] = round(r["records_per_s"] / g["records_per_s"], 2)
+      old = best.get(i)
+      if old is None or old.get("status") != "ok" or (res["status"] == "ok" and res["rate"] > old["rate"]):
+        best[i] = {**s, **res}
+  rows = [best[i] for i in range(len(specs))]
+  targets = compare(rows, cores, pack, map_cost)
 
   print()
-  print(f"Shuffled read, {data.records:,} records of ~{data.record_bytes} B in {data.shards} files; "
-        f"batch {BATCH}; os.cpu_count() = {os.cpu_count()}; best of {args.repeat} run(s) of {args.seconds:g} s")
-  print(common.format_table(rows, [
-      ("system", "system", ""), ("records/s", "records_per_s", ",.0f"),
-      ("vs Grain (same workers)", "vs_grain_same_workers", ".2f"), ("startup s", "startup_s", ".2f"),
-      ("peak RSS MB", "peak_rss_mb", ",.0f"), ("procs", "processes", ""), ("status", "status", "")]))
-  print()
-  for k, v in ratios.items():
-    print(f"  {k}: {v:.2f}x")
+  for t in targets:
+    v = t["value"]
+    print(f"  [{t['status']}] {t['target']}: {v if not isinstance(v, float) else f'{v:.2f}'} ({t['detail']})")
+  print(f"\nTotal {time.monotonic() - started:.0f} s")
   if args.json:
     result = {
         "benchmark": "load",
-        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+        "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, common.REPO_ROOT)
+                                                     if sys.executable.startswith(common.REPO_ROOT)
+                                                     else sys.executable, *sys.argv]),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu_count": os.cpu_count(),
-        "machine": common.machine_info(),
+        "cpu_count": cores,
+        "machine": machine,
         "versions": common.package_versions(["array-record", "grain", "tensorflow-cpu", "numpy", "jax"]),
-        "data": {**data.summary(), "array_record_files": len(ar_files), "writer_options": "group_size:1",
-                 "batch_size": BATCH},
-        "repeat": args.repeat,
-        "seconds": args.seconds,
-        "targets": TARGETS,
-        "rows": rows,
-        "ratios": ratios,
-        "notes": [
-            "records/s is steady state (after the first batch and 1 s of warm-up); startup_s is time to "
-            "the first batch, including worker start-up.",
-            "Every system repeats the shuffled epoch (repeat()) so it never runs out during measurement.",
-            "tf.data uses a 10,000-record shuffle buffer: a local shuffle, not a global one.",
-        ],
+        "settings": {"seconds": args.seconds, "warmup": args.warmup, "repeat": args.repeat,
+                     "sweep_seconds": args.sweep_seconds, "quick": quick, "batch_size": BATCH,
+                     "llm_batch_size": LLM_BATCH, "wall_s": round(time.monotonic() - started, 1)},
+        "data": {**data.summary(), "array_record_files": len(ar_files), "writer_options": "group_size:1"},
+        "text_data": {k: v for k, v in (text or {}).items() if k != "files"} or None,
+        "targets_config": TARGETS,
+        "targets": targets,
+        "map_cost": map_cost,
+        "sweeps": sweeps,
+        "pack_costs": {f"{f} L={L}": v for (f, L), v in pack.items()},
+        # For run_all's chart: the no-map rows (records/s on one scale).
+        "rows": [{"system": r["name"], "records_per_s": r.get("rate")} for r in rows if r["workload"] == "nomap"],
+        "all_rows": [{k: v for k, v in r.items() if k not in ("files", "kind")} for r in rows],
+        "notes": NOTES,
     }
+    result["markdown"] = render_markdown(result)
     common.write_json(args.json, result)
-    print(f"\nWrote {args.json}")
+    print(f"Wrote {args.json}")
   return 0
 
 
