@@ -139,9 +139,39 @@ def submit(request: flags.Request) -> Submission:
                     console_url=console_url(request.project, request.region, job_id))
 
 
+NO_CREDENTIALS = ("no Google Cloud credentials found; run `gcloud auth application-default "
+                  "login` or set GOOGLE_APPLICATION_CREDENTIALS")
+
+
+def check_credentials() -> None:
+  """Fails in seconds without credentials (Beam would retry for minutes, with tracebacks).
+
+  Asks google.auth.default() with a transport that refuses every request, so
+  the check never touches the network: the GCE metadata probe fails at once
+  and GCE is then recognised from the machine's own SMBIOS data.
+  """
+  import google.auth  # pylint: disable=g-import-not-at-top  # Only a real submit needs it.
+  from google.auth import exceptions  # pylint: disable=g-import-not-at-top
+
+  def offline(*args, **kwargs):
+    raise exceptions.TransportError("no network during the credentials check")
+
+  auth_log = logging.getLogger("google.auth")
+  level = auth_log.level
+  auth_log.setLevel(logging.ERROR)  # Its failed-probe warnings would bury our one line.
+  try:
+    google.auth.default(request=offline)
+  except exceptions.DefaultCredentialsError:
+    raise FlagError(NO_CREDENTIALS) from None
+  finally:
+    auth_log.setLevel(level)
+
+
 def run(argv: Sequence[str] | None = None) -> Submission:
   """Checks the flags, then submits (or dry-runs) the conversion job."""
   request = flags.parse(sys.argv[1:] if argv is None else argv)
+  if not request.dry_run_dir:
+    check_credentials()  # Before anything else contacts Google Cloud.
   what = ", ".join(request.patterns)
   if request.tfds_dataset_dir:
     plan = check_tfds_dataset(request)

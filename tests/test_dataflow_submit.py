@@ -193,7 +193,9 @@ class _FakeResult:
     self.state = self._final_state
 
 
-def _fake_pipeline(monkeypatch, result):
+def _fake_pipeline(monkeypatch, result, tmp_path):
+  # A real submit checks for credentials first (test_faults_dataflow_credentials).
+  monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", emu.fake_adc(str(tmp_path / "adc.json")))
   seen = {}
 
   def build_pipeline(request, extra_flags=()):
@@ -204,8 +206,8 @@ def _fake_pipeline(monkeypatch, result):
   return seen
 
 
-def test_submit_prints_job_id_and_console_url(monkeypatch, capsys):
-  seen = _fake_pipeline(monkeypatch, _FakeResult("2026-11-21_12_00_00-123"))
+def test_submit_prints_job_id_and_console_url(monkeypatch, capsys, tmp_path):
+  seen = _fake_pipeline(monkeypatch, _FakeResult("2026-11-21_12_00_00-123"), tmp_path)
   assert submit.main(ARGV) == 0
   out = capsys.readouterr().out
   assert f"Submitting Dataflow job '{JOB}'" in out
@@ -216,15 +218,15 @@ def test_submit_prints_job_id_and_console_url(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("state,code", [("DONE", 0), ("FAILED", 1)])
-def test_wait_reports_final_state(monkeypatch, capsys, state, code):
-  _fake_pipeline(monkeypatch, _FakeResult("job-1", state))
+def test_wait_reports_final_state(monkeypatch, capsys, state, code, tmp_path):
+  _fake_pipeline(monkeypatch, _FakeResult("job-1", state), tmp_path)
   assert submit.main(ARGV + ["--wait"]) == code
   assert f"Final state: {state}" in capsys.readouterr().out
 
 
-def test_template_launch_writes_the_job_instead_of_starting_it(monkeypatch, capsys):
+def test_template_launch_writes_the_job_instead_of_starting_it(monkeypatch, capsys, tmp_path):
   """A Flex Template launcher passes --template_location and booleans as =true."""
-  _fake_pipeline(monkeypatch, _FakeResult(None))
+  _fake_pipeline(monkeypatch, _FakeResult(None), tmp_path)
   argv = [a for a in ARGV if a != "--skip-existing"] + [
       "--skip_existing=true", "--template_location=gs://my-bucket/staging/launch/job_object"]
   assert submit.main(argv) == 0
