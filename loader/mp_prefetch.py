@@ -1,11 +1,15 @@
-"""`mp_prefetch`: the random-access prefix of a pipeline, computed in processes.
+"""`mp_prefetch`: the random-access parts of a pipeline, computed in processes.
 
-Chunk c of prefix positions goes to worker c % num_workers; the parent
-receives chunks in order, so the stream does not depend on the worker count
-(see `loader.iter_dataset` for which stages form the prefix). Workers are
-started with the 'spawn' method: fork would copy JAX/TensorFlow runtime threads
-and locks into the child, which can deadlock. The pipeline is sent once with
-cloudpickle, so lambdas and locally defined functions work.
+Every MapDataset part under `mp_prefetch` (one for a plain pipeline, several
+under a mix or zip of streams) shares one pool of worker processes. Each
+part's consumer asks for chunks of positions, a chunk goes to the least
+loaded worker, and the consumer takes chunks back in position order, so the
+stream does not depend on the worker count (see `loader.iter_dataset` for
+which stages are random access). Workers are started with the 'spawn'
+method: fork would copy JAX/TensorFlow runtime threads and locks into the
+child, which can deadlock. The pipeline is sent with cloudpickle, so lambdas
+and locally defined functions work, and workers never re-run the user's
+script (see `_without_main_module`).
 
 Lifecycle. Workers ignore SIGINT (the parent decides when to stop), exit when
 the parent sends "stop", closes the pipe, or dies (a watchdog thread polls
@@ -44,6 +48,7 @@ _PARENT_POLL_S = 0.5
 # Grain's default for mp_prefetch() without options.
 _DEFAULT_NUM_WORKERS = 10
 _LOCAL = -1  # Chunk computed by the parent itself.
+_DESC = 4  # Index of the payload descriptor in an "ok" message.
 _STOP_GRACE_S = 1.0
 
 
@@ -95,7 +100,7 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
 
   threading.Thread(target=watchdog, name="loader-parent-watchdog", daemon=True).start()
   try:
-    ds, worker_init_fn = pickle.loads(payload)
+    leaves, worker_init_fn = pickle.loads(payload)
     if worker_init_fn is not None:
       worker_init_fn(worker_index, num_workers)
   except BaseException:  # pylint: disable=broad-except
@@ -109,12 +114,15 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
       orphaned()
     if msg[0] == "stop":
       break
-    _, gen, chunk_id, start, stop, released = msg
+    if msg[0] == "add":  # A MapDataset part whose iterator was made after start.
+      leaves.append(pickle.loads(msg[1]))
+      continue
+    _, leaf, gen, chunk_id, start, stop, released = msg
     with lock:
       outstanding.difference_update(released)
     seq += 1
     name = f"{shm_prefix}{worker_index}_{seq}"
-    elements, error, seconds = engine.timed_compute_chunk(ds, start, stop)
+    elements, error, seconds = engine.timed_compute_chunk(leaves[leaf], start, stop)
     try:
       with lock:
         desc = ipc.encode(elements, name)
@@ -126,14 +134,18 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
     del elements
     failure = None if error is None else _describe(error)
     try:
-      conn.send(("ok", gen, chunk_id, desc, failure, seconds))
+      conn.send(("ok", leaf, gen, chunk_id, desc, failure, seconds))
     except (BrokenPipeError, OSError):
       orphaned()
   conn.close()
 
 
-def _shutdown(procs: list, conns: list, shm_prefix: str) -> None:
+def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = None) -> None:
   """Stops workers and frees every segment; safe to call more than once."""
+  for stash in stashes or ():
+    for msg in stash:
+      ipc.release(msg[_DESC])
+    stash.clear()
   for conn in conns:
     try:
       conn.send(("stop",))
@@ -147,7 +159,7 @@ def _shutdown(procs: list, conns: list, shm_prefix: str) -> None:
         if conn.poll(0.02):
           msg = conn.recv()
           if msg[0] == "ok":
-            ipc.release(msg[3])
+            ipc.release(msg[_DESC])
           continue
       except (EOFError, OSError, ValueError):
         pass
@@ -164,7 +176,7 @@ def _shutdown(procs: list, conns: list, shm_prefix: str) -> None:
       while conn.poll(0):
         msg = conn.recv()
         if msg[0] == "ok":
-          ipc.release(msg[3])
+          ipc.release(msg[_DESC])
     except (EOFError, OSError, ValueError):
       pass
     conn.close()
@@ -198,70 +210,182 @@ def _without_main_module():
       sys.modules["__main__"] = main
 
 
-class MultiprocessChunkProducer:
-  """Hands out chunks of a MapDataset computed by worker processes, in order.
+class _WorkerPool:
+  """Worker processes shared by every MapDataset part under one `mp_prefetch`.
 
-  Each chunk goes to the worker with the least work outstanding; the consumer
-  takes chunks in position order, so assignment never changes the stream.
-  While the workers start, the parent computes the first (small) chunk
-  itself, unless a `worker_init_fn` must run before any element.
+  Parts register before the pool starts (they travel in the start payload)
+  or after (sent with an "add" message). Results of one worker arrive in the
+  order it got the tasks; a result for another part than the one waiting is
+  kept until that part asks for it.
   """
 
-  def __init__(self, ds: map_lib.MapDataset, options: options_lib.MultiprocessingOptions,
-               worker_init_fn: Callable[[int, int], None] | None):
-    self._ds = ds
-    self._len = len(ds)
-    self._num_workers = options.num_workers
-    self._in_flight = options.per_worker_buffer_size + 1  # One computing, rest buffered.
-    self._sizer = engine.ChunkSizer(ds, options.chunk_size, parallelism=self._num_workers)
-    self._worker_init_fn = worker_init_fn
-    self._procs: list[Any] = []
-    self._conns: list[Any] = []
-    self._prefix = f"arl{os.getpid()}_{secrets.token_hex(3)}_"
-    self._gen = 0
-    # chunk id -> (start, stop, worker index or _LOCAL)
-    self._chunks: dict[int, tuple[int, int, int]] = {}
-    self._load = [0] * self._num_workers  # Elements outstanding per worker.
-    self._next_start = 0
-    self._next_request = 0
-    self._next_consume = 0
-    self._released: list[list[str]] = [[] for _ in range(self._num_workers)]
-    self._error: BaseException | None = None
-    self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._prefix)
+  def __init__(self, options: options_lib.MultiprocessingOptions, worker_init_fn: Callable[[int, int], None] | None):
+    self.num_workers = options.num_workers
+    self.options = options
+    self.worker_init_fn = worker_init_fn
+    self.leaves: list[map_lib.MapDataset] = []
+    self.procs: list[Any] = []
+    self.conns: list[Any] = []
+    self.prefix = f"arl{os.getpid()}_{secrets.token_hex(3)}_"
+    self.restarts = 0  # Bumped when workers are replaced; parts then resend their work.
+    self._stash: list[list[tuple]] = [[] for _ in range(self.num_workers)]
+    self.load = [0] * self.num_workers  # Elements outstanding per worker.
+    self._released: list[list[str]] = [[] for _ in range(self.num_workers)]
+    self.error: BaseException | None = None
+    self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash)
 
-  def _start_workers(self) -> None:
-    payload = _dumps((self._ds, self._worker_init_fn))
+  def register(self, ds: map_lib.MapDataset) -> int:
+    self.leaves.append(ds)
+    leaf = len(self.leaves) - 1
+    if self.procs:
+      payload = _dumps(ds)
+      for w in range(self.num_workers):
+        self._send(w, ("add", payload))
+    return leaf
+
+  @property
+  def started(self) -> bool:
+    return bool(self.procs)
+
+  def start(self) -> None:
+    if self.procs:
+      return
+    payload = _dumps((list(self.leaves), self.worker_init_fn))
     ctx = multiprocessing.get_context("spawn")
     with _without_main_module():
-      for w in range(self._num_workers):
+      for w in range(self.num_workers):
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         proc = ctx.Process(
             target=_worker_main,
-            args=(w, self._num_workers, child_conn, payload, self._prefix, os.getpid()),
+            args=(w, self.num_workers, child_conn, payload, self.prefix, os.getpid()),
             name=f"loader-worker-{w}", daemon=True)
         proc.start()
         child_conn.close()
-        self._procs.append(proc)
-        self._conns.append(parent_conn)
-    if self._worker_init_fn is None and self._next_request == 0 and self._next_start < self._len:
-      self._add_chunk(_LOCAL)
+        self.procs.append(proc)
+        self.conns.append(parent_conn)
+
+  def restart(self) -> None:
+    """Stops the workers (after an interrupt mid-message); the next start() makes new ones."""
+    _shutdown(self.procs, self.conns, self.prefix, self._stash)
+    self._stash = [[] for _ in range(self.num_workers)]
+    self._released = [[] for _ in range(self.num_workers)]
+    self.load = [0] * self.num_workers
+    self.restarts += 1
+
+  def submit(self, leaf: int, gen: int, c: int, start: int, stop: int) -> int:
+    """Sends a task to the least loaded worker; returns that worker."""
+    w = min(range(self.num_workers), key=self.load.__getitem__)
+    released, self._released[w] = self._released[w], []
+    self._send(w, ("task", leaf, gen, c, start, stop, released))
+    self.load[w] += stop - start
+    return w
+
+  def _send(self, w: int, msg: tuple) -> None:
+    try:
+      self.conns[w].send(msg)
+    except (OSError, ValueError):
+      self.raise_dead(w)
+
+  def raise_dead(self, w: int) -> None:
+    proc = self.procs[w]
+    proc.join(0.1)
+    raise WorkerError(
+        f"Worker {w} (pid {proc.pid}) exited unexpectedly with exit code "
+        f"{proc.exitcode} while computing {self.leaves[0]!r}. A negative code is the "
+        "signal that killed it (-9: SIGKILL, often the out-of-memory killer).")
+
+  def receive(self, w: int, leaf: int, gen: int) -> tuple:
+    """The next current-generation result of `leaf` from worker `w`."""
+    stash = self._stash[w]
+    for k, msg in enumerate(stash):
+      if msg[1] == leaf:
+        del stash[k]
+        if msg[2] == gen:
+          return msg
+        self.release(w, msg[_DESC])  # An older generation of this part: dropped.
+        return self.receive(w, leaf, gen)
+    conn, proc = self.conns[w], self.procs[w]
+    while True:
+      ready = multiprocessing.connection.wait([conn, proc.sentinel])
+      if conn not in ready:
+        if conn.poll(0):
+          continue
+        self.raise_dead(w)
+      try:
+        msg = conn.recv()
+      except (EOFError, OSError):
+        self.raise_dead(w)
+      if msg[0] == "fatal":
+        raise WorkerError(f"Worker {w} (pid {proc.pid}) failed to start:\n{msg[1]}")
+      if msg[1] != leaf:
+        stash.append(msg)
+        continue
+      if msg[2] != gen:
+        self.release(w, msg[_DESC])
+        continue
+      return msg
+
+  def release(self, w: int, desc: tuple) -> None:
+    ipc.release(desc)
+    self.acknowledge(w, desc)
+
+  def acknowledge(self, w: int, desc: tuple) -> None:
+    name = ipc.segment_name(desc)
+    if name is not None:
+      self._released[w].append(name)
+
+  def close(self) -> None:
+    self._finalizer()
+
+
+class MultiprocessChunkProducer:
+  """Hands out chunks of one MapDataset part computed by the pool, in order.
+
+  Each chunk goes to the worker with the least work outstanding; the consumer
+  takes chunks in position order, so assignment never changes the stream.
+  While the workers start, the parent computes the part's first (small)
+  chunk itself, unless a `worker_init_fn` must run before any element.
+  """
+
+  def __init__(self, ds: map_lib.MapDataset, pool: _WorkerPool):
+    self._ds = ds
+    self._len = len(ds)
+    self._pool = pool
+    self._leaf = pool.register(ds)
+    self._in_flight = pool.options.per_worker_buffer_size + 1  # One computing, rest buffered.
+    self._sizer = engine.ChunkSizer(ds, pool.options.chunk_size, parallelism=pool.num_workers)
+    self._gen = 0
+    self._restarts = pool.restarts
+    # chunk id -> (start, stop, worker index or _LOCAL)
+    self._chunks: dict[int, tuple[int, int, int]] = {}
+    self._next_start = 0
+    self._next_request = 0
+    self._next_consume = 0
+    self._local_first = pool.worker_init_fn is None
 
   def start(self) -> None:
-    """Starts the workers and sends them their first chunks."""
-    if not self._procs:
-      self._start_workers()
-    if not (self._chunks.get(self._next_consume, (0, 0, 0))[2] == _LOCAL):
+    """Starts the workers and sends them this part's first chunks."""
+    self._pool.start()
+    if self._restarts != self._pool.restarts:  # Workers were replaced: resend from here.
+      self._restarts = self._pool.restarts
+      self.reset(self._chunks[self._next_consume][0] if self._next_consume in self._chunks else self._next_start)
+    if self._local_first and self._next_request == 0 and self._next_start < self._len:
+      self._local_first = False
+      self._add_chunk(_LOCAL)
+    if self._chunks.get(self._next_consume, (0, 0, 0))[2] != _LOCAL:
       self._top_up()  # After a local first chunk, its measured cost sizes these.
 
   @property
   def worker_pids(self) -> list[int]:
-    return [p.pid for p in self._procs]
+    return [p.pid for p in self._pool.procs]
 
   def reset(self, start: int) -> None:
     # Results of older requests are recognised by generation and dropped.
     self._gen += 1
+    for _, (a, b, w) in self._chunks.items():
+      if w != _LOCAL:
+        self._pool.load[w] = max(0, self._pool.load[w] - (b - a))
     self._chunks.clear()
-    self._load = [0] * self._num_workers
     self._next_start = start
     self._next_request = self._next_consume = 0
 
@@ -274,55 +398,15 @@ class MultiprocessChunkProducer:
     return c
 
   def _top_up(self) -> None:
-    limit = self._next_consume + self._num_workers * self._in_flight
+    limit = self._next_consume + self._pool.num_workers * self._in_flight
     while self._next_request < limit and self._next_start < self._len:
-      w = min(range(self._num_workers), key=self._load.__getitem__)
-      c = self._add_chunk(w)
+      c = self._add_chunk(_LOCAL)
       start, stop, _ = self._chunks[c]
-      self._load[w] += stop - start
-      released, self._released[w] = self._released[w], []
-      try:
-        self._conns[w].send(("task", self._gen, c, start, stop, released))
-      except (OSError, ValueError):
-        self._raise_dead(w)
-
-  def _raise_dead(self, w: int) -> None:
-    proc = self._procs[w]
-    proc.join(0.1)
-    raise WorkerError(
-        f"Worker {w} (pid {proc.pid}) exited unexpectedly with exit code "
-        f"{proc.exitcode} while computing {self._ds!r}. A negative code is the "
-        "signal that killed it (-9: SIGKILL, often the out-of-memory killer).")
-
-  def _receive(self, w: int) -> tuple:
-    conn, proc = self._conns[w], self._procs[w]
-    while True:
-      ready = multiprocessing.connection.wait([conn, proc.sentinel])
-      if conn not in ready:
-        if conn.poll(0):
-          continue
-        self._raise_dead(w)
-      try:
-        msg = conn.recv()
-      except (EOFError, OSError):
-        self._raise_dead(w)
-      if msg[0] == "fatal":
-        raise WorkerError(f"Worker {w} (pid {proc.pid}) failed to start:\n{msg[1]}")
-      if msg[1] != self._gen:
-        if msg[0] == "ok":
-          self._release(w, msg[3])
-        continue
-      return msg
-
-  def _release(self, w: int, desc: tuple) -> None:
-    ipc.release(desc)
-    name = ipc.segment_name(desc)
-    if name is not None:
-      self._released[w].append(name)
+      self._chunks[c] = (start, stop, self._pool.submit(self._leaf, self._gen, c, start, stop))
 
   def next_chunk(self) -> engine.Chunk | None:
-    if self._error is not None:
-      raise self._error
+    if self._pool.error is not None:
+      raise self._pool.error
     c = self._next_consume
     try:
       self.start()
@@ -331,31 +415,29 @@ class MultiprocessChunkProducer:
       start, stop, w = self._chunks[c]
       if w == _LOCAL:
         return self._compute_locally(c, start, stop)
-      msg = self._receive(w)
+      msg = self._pool.receive(w, self._leaf, self._gen)
     except WorkerError as e:
-      self._error = e  # A dead worker: this iterator cannot continue.
-      self.close()
+      self._pool.error = e  # A dead worker: this iterator cannot continue.
+      self._pool.close()
       raise
     except BaseException:
       # E.g. KeyboardInterrupt while waiting: a message may be half read, so
       # stop these workers; the next call starts fresh ones at chunk c.
       start = self._chunks[c][0] if c in self._chunks else self._next_start
-      _shutdown(self._procs, self._conns, self._prefix)
-      self._released = [[] for _ in range(self._num_workers)]
+      self._pool.restart()
+      self._restarts = self._pool.restarts
       self.reset(start)
       raise
     del self._chunks[c]
-    self._load[w] -= stop - start
-    _, _, _, desc, failure, seconds = msg
+    self._pool.load[w] = max(0, self._pool.load[w] - (stop - start))
+    _, _, _, _, desc, failure, seconds = msg
     try:
       elements = ipc.decode(desc)
     except BaseException:
-      ipc.release(desc)
+      self._pool.release(w, desc)
       self.reset(start)  # Not handed out: the next call asks for it again.
       raise
-    name = ipc.segment_name(desc)
-    if name is not None:
-      self._released[w].append(name)
+    self._pool.acknowledge(w, desc)
     self._sizer.observe(elements, seconds)
     self._next_consume += 1
     error = None
@@ -383,7 +465,7 @@ class MultiprocessChunkProducer:
   def _worker_error(self, w: int, index: int, failure: tuple[str, bytes | None]) -> WorkerError:
     text, exc_bytes = failure
     error = WorkerError(
-        f"Worker {w} (pid {self._procs[w].pid}) raised while computing element "
+        f"Worker {w} (pid {self._pool.procs[w].pid}) raised while computing element "
         f"{index} of {self._ds!r}:\n\n{text}")
     if exc_bytes is not None:
       try:
@@ -393,7 +475,8 @@ class MultiprocessChunkProducer:
     return error
 
   def close(self) -> None:
-    self._finalizer()
+    self.reset(self._len)
+    self._pool.close()
 
 
 class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
@@ -418,11 +501,11 @@ class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
   def __iter__(self) -> iter_lib.DatasetIterator:
     if self._options.num_workers == 0:
       return iter(self._parent)
-    options, init_fn = self._options, self._worker_init_fn
+    pool = _WorkerPool(self._options, self._worker_init_fn)
 
     def factory(ds: map_lib.MapDataset, read_options) -> MultiprocessChunkProducer:
       del read_options  # Workers compute whole chunks; threads would only contend.
-      return MultiprocessChunkProducer(ds, options, init_fn)
+      return MultiprocessChunkProducer(ds, pool)
 
     with engine.producer_factory(factory):
       return iter(self._parent)

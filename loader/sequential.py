@@ -35,6 +35,11 @@ class _ParentPositionIterator(DatasetIterator[T]):
   parent's state always points at the next element this iterator will read.
   """
 
+  @property
+  def _grain_state_keys(self) -> tuple[str, ...]:
+    # The state is the parent's, so a Grain state has the parent's keys.
+    return getattr(self._parent, "_grain_state_keys", ("next_index",))
+
   def get_state(self) -> dict[str, Any]:
     return self._parent.get_state()
 

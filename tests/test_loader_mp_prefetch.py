@@ -336,3 +336,21 @@ def test_small_dataset_with_slow_map_uses_every_worker():
     workers = set(_producer(it).worker_pids)
   assert len(pids) == 40
   assert workers <= set(pids), f"workers {workers} vs pids used {set(pids)}"
+
+
+def _loader_workers() -> list[psutil.Process]:
+  return [p for p in psutil.Process().children()
+          if "resource_tracker" not in " ".join(p.cmdline()) and p.is_running()]
+
+
+def test_all_parts_of_a_mixture_share_one_pool_of_workers():
+  M = loader.MapDataset
+  make = lambda: loader.IterDataset.mix(
+      [M.range(100).to_iter_dataset(), M.range(100, 200).to_iter_dataset(),
+       M.range(200, 300).map(lambda x: -x).to_iter_dataset()], [0.5, 0.3, 0.2]).batch(4)
+  reference = list(make())
+  with iter(make().mp_prefetch(loader.MultiprocessingOptions(num_workers=2))) as it:
+    out = take(it, 5)
+    assert len(_loader_workers()) == 2  # Not 2 per part.
+    out += list(it)
+  assert_streams_equal(out, reference)
