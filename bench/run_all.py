@@ -23,7 +23,7 @@ RESULTS = os.path.join(HERE, "results")
 # Quick mode: a smoke run that still exercises every system.
 BENCHES = {
     "convert": (["convert.py"], ["--records", "5000"]),
-    "load": (["load.py"], ["--records", "5000"]),
+    "load": (["load.py"], ["--quick"]),
 }
 
 
@@ -61,20 +61,45 @@ def chart(results: dict[str, dict], path: str) -> None:
   fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4.5))
   axes = [axes] if len(results) == 1 else list(axes)
   for ax, (name, res) in zip(axes, results.items()):
-    rows = [r for r in res["rows"] if r.get("records_per_s")]
+    # Conversion is compared per core (CPU seconds), loading by records per second.
+    key, xlabel, log = (("per_core_mb_s", "MB per CPU second", False) if name == "convert"
+                        else ("records_per_s", "records / s (log scale)", True))
+    rows = [r for r in res["rows"] if r.get(key)]
     labels = [r["system"] for r in rows]
-    values = [r["records_per_s"] for r in rows]
+    values = [r[key] for r in rows]
     colors = ["tab:blue" if r["system"].startswith(("ours", "loader", "arrayrecord-toolkit"))
               else "tab:gray" for r in rows]
     ax.barh(labels, values, color=colors)
-    ax.set_xscale("log")
+    if log:
+      ax.set_xscale("log")
     ax.invert_yaxis()
-    ax.set_xlabel("records / s (log scale)")
+    ax.set_xlabel(xlabel)
     ax.set_title(f"{name} ({res.get('cpu_count', '?')} cores)")
     for y, v in enumerate(values):
       ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
+
+
+def _scale_section(est: dict) -> list[str]:
+  """The convert benchmark's paper estimate for a large Dataflow job."""
+  a = est["assumptions"]
+  return [
+      f"### Scale estimate: {a['dataset_tb']} TB in {a['shards']:,} shards on Dataflow "
+      "(on paper)", "",
+      f"From the per-core rate measured above ({a['per_core_mb_s']:.1f} MB per CPU second, "
+      f"assumed for a Dataflow vCPU too): {a['machine_type']} workers ({a['vcpus']} vCPUs, "
+      f"{a['memory_gb']} GB; one Python SDK process per vCPU, each converting one "
+      f"{est['shard_mb']:,.0f} MB shard at a time), {a['worker_startup_s']} s worker start-up "
+      f"(VM boot, SDK container, installing the staged sdist), {a['upload_mb_s']} MB/s upload "
+      f"per finished shard, {a['tail_s']} s for the manifest and teardown, all workers from "
+      f"the start (`--num_workers` = `--max_num_workers`). Per shard: "
+      f"{est['convert_s_per_shard']:.0f} s converting + {est['upload_s_per_shard']:.0f} s "
+      f"uploading; {est['busy_vcpu_hours']:,.0f} busy vCPU-hours in all.", "",
+      table(est["rows"]), "",
+      "More workers shorten the job until one wave of shards covers every vCPU; past that "
+      "only start-up remains, and worker-hours grow with the idle start-up and tail.", "",
+  ]
 
 
 def render(results: dict[str, dict]) -> str:
@@ -91,6 +116,11 @@ def render(results: dict[str, dict]) -> str:
   ]
   for name, res in results.items():
     parts += ["", f"## {name}", ""]
+    if res.get("markdown"):  # A benchmark that renders its own section (load: several tables).
+      parts += [res["markdown"].rstrip(), ""]
+      continue
+    if res.get("headline"):
+      parts += [f"- {line}" for line in res["headline"]] + [""]
     if res.get("data"):
       parts += ["Data: " + ", ".join(f"{k}={_fmt(v)}" for k, v in res["data"].items()), ""]
     parts += [table(res["rows"]), ""]
@@ -98,6 +128,10 @@ def render(results: dict[str, dict]) -> str:
       parts += ["Ratios:", ""] + [f"- {k}: **{_fmt(v)}**" for k, v in res["ratios"].items()] + [""]
     if res.get("notes"):
       parts += [f"- {n}" for n in res["notes"]] + [""]
+    if res.get("scale_estimate"):
+      parts += _scale_section(res["scale_estimate"])
+    if res.get("guidance"):
+      parts += ["### Shard size", ""] + [f"- {g}" for g in res["guidance"]] + [""]
   notes = os.path.join(HERE, "analysis.md")
   if os.path.exists(notes):  # Hand-written reading of the numbers, kept across re-runs.
     with open(notes) as f:
@@ -113,10 +147,12 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   os.makedirs(RESULTS, exist_ok=True)
   results = {}
-  for name in args.only or list(BENCHES):
-    if args.render_only:
-      with open(os.path.join(RESULTS, f"{name}.json")) as f:
-        results[name] = json.load(f)
+  for name in BENCHES:
+    saved = os.path.join(RESULTS, f"{name}.json")
+    if args.render_only or (args.only and name not in args.only):
+      if os.path.exists(saved):  # Benchmarks not run now keep their last results.
+        with open(saved) as f:
+          results[name] = json.load(f)
     else:
       results[name] = run_bench(name, args.quick)
   chart(results, os.path.join(HERE, "throughput.png"))
