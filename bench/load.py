@@ -1,7 +1,7 @@
 """Benchmark: shuffled loading, this loader against every peer's best configuration.
 
   .venv/bin/python bench/load.py [--quick] [--workloads nomap,map,llm]
-      [--systems loader,grain-naive,grain-batched,tf.data,raw] [--seconds 4]
+      [--systems loader,grain-naive,grain-batched,tf.data,raw] [--seconds 3]
       [--repeat 1] [--json bench/results/load.json]
 
 Three workloads on one data set (8 files x 25,000 serialized tf.train.Examples
@@ -448,7 +448,7 @@ def _measure_iterator(it, count, *, seconds: float, warmup: float, t0: float, ba
   return out
 
 
-def _close(it, timeout: float = 5.0) -> float | None:
+def _close(it, timeout: float = 2.0) -> float | None:
   """Closes the iterator; seconds it took, None if it took longer than timeout.
 
   A close that hangs (a worker pool waiting on its workers) is left behind:
@@ -658,6 +658,28 @@ def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None) -> 
     status = "n/a" if value is None else ("met" if ok else "MISSED")
     targets.append({"target": name, "value": value, "status": status, "detail": detail})
 
+  def t20_target(name, workload, cases):
+    """ours' time to the 20th batch / Grain's quickest, at equal workers (and seq_len)."""
+    parts, worst, complete = [], None, True
+    for label, w, seq_len in cases:
+      o = _find(rows, workload, "loader", w, **({"seq_len": seq_len} if seq_len else {"read_options": None}))
+      gs = [r for r in rows if r["workload"] == workload and r["family"].startswith("grain")
+            and r["workers"] == w and _ok(r) and (seq_len is None or r["params"].get("seq_len") == seq_len)]
+      if o is None:
+        continue
+      if not (_ok(o) and gs):
+        complete = False
+        parts.append(f"{label}: -")
+        continue
+      g = min(gs, key=lambda r: r["batch20_s"])
+      ratio = o["batch20_s"] / g["batch20_s"]
+      worst = ratio if worst is None else max(worst, ratio)
+      parts.append(f"{label}: {o['batch20_s']:.2f} s vs {g['batch20_s']:.2f} s ({g['name']})")
+    if parts:
+      value = round(worst, 3) if complete and worst is not None else None
+      target(name + " (value: worst ours / Grain)", value, value is not None and value <= 1.0,
+             "; ".join(parts))
+
   for workload in [w for w in ("nomap", "map") if any(r["workload"] == w for r in rows)]:
     ours = {w: _find(rows, workload, "loader", w, read_options=None) for w in [0] + workers}
     tfd = _find(rows, workload, "tf.data", 0)
@@ -701,19 +723,8 @@ def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None) -> 
              f"2 workers {_fmt_rate(two)} records/s vs 2 x single-core (ReadOptions(num_threads=0), "
              f"in process) {_fmt_rate(single)}" + (f"; map {map_cost['map_us_per_record']} µs/record"
                                                    if map_cost and _ok(map_cost) else ""))
-    # Time to the 20th batch, ours vs Grain's quickest at equal workers.
-    parts, all_ok, have_all = [], True, True
-    for w in [0] + workers:
-      gs = [r for r in rows if r["workload"] == workload and r["family"].startswith("grain")
-            and r["workers"] == w and _ok(r)]
-      g = min(gs, key=lambda r: r["batch20_s"]) if gs else None
-      if not (_ok(ours[w]) and g):
-        have_all = False
-        continue
-      all_ok &= ours[w]["batch20_s"] <= g["batch20_s"]
-      parts.append(f"{w} workers: {ours[w]['batch20_s']:.2f} s vs {g['batch20_s']:.2f} s")
-    target(f"{title}: time to 20th batch <= Grain's best at equal workers",
-           "all" if have_all else None, all_ok, "; ".join(parts))
+    t20_target(f"{title}: time to 20th batch <= Grain's best at equal workers", workload,
+               [(f"{w} workers", w, None) for w in [0] + workers])
 
   # LLM.
   parts, vals, shares = [], [], []
@@ -750,6 +761,8 @@ def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None) -> 
     target(f"LLM: packing <= {TARGETS['llm_packing_share_max']:.0%} of the pipeline's time (ours)",
            value, have and value <= TARGETS["llm_packing_share_max"],
            "worst row; pack_share per row in the table")
+    t20_target("LLM: time to 20th batch <= Grain's best at equal workers", "llm",
+               [(f"L={L} {w} workers", w, L) for L in LLM_SEQ_LENS for w in LLM_WORKERS])
   return targets
 
 
@@ -820,8 +833,9 @@ def render_markdown(result: dict) -> str:
   d, t = result["data"], result.get("text_data") or {}
   out = [
       f"Run {result['created']} on {cores} cores ({result['machine'].get('platform', '')}, "
-      f"{result['machine'].get('memory_gb', '?')} GB; 1-minute load average at start "
-      f"{result['machine'].get('load_avg_1m', '?')}). `{result['command']}`; "
+      f"{result['machine'].get('memory_gb', '?')} GB; 1-minute load average "
+      f"{result['machine'].get('load_avg_1m', '?')} at start, {result['settings'].get('load_avg_end', '?')} "
+      f"at the end; {result['settings'].get('wall_s', '?')} s in all). `{result['command']}`; "
       f"{result['settings']['seconds']:g} s measured per row after {result['settings']['warmup']:g} s of "
       f"warm-up, best of {result['settings']['repeat']} run(s). Versions: "
       + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + ".",
@@ -831,6 +845,17 @@ def render_markdown(result: dict) -> str:
       + (f" LLM: {t['shards']} files x {t['records_per_shard']:,} text documents, mean {t['mean_bytes']:g} B "
          f"({t['kind']})." if t else ""),
       "",
+  ]
+  if result["settings"].get("quick"):
+    out += [f"**Smoke run (`--quick`: {d['records_per_shard']:,} records per file, "
+            f"{result['settings']['seconds']:g} s per row): it shows that every row runs and what the "
+            "report looks like; its numbers are not measurements. The full run "
+            "(`python bench/run_all.py`) replaces this section.**", ""]
+  load = result["machine"].get("load_avg_1m")
+  if load is not None and load > 0.5 * cores:
+    out += [f"**The machine was busy when this run started (load average {load:g} on {cores} cores): "
+            "rates and ratios are unreliable; rerun on a quiet machine.**", ""]
+  out += [
       "### Targets",
       "",
       _table(result["targets"], [("target", lambda r: r["target"]),
@@ -865,9 +890,18 @@ def render_markdown(result: dict) -> str:
             "documents, in process, minus the same stream without packing): "
             + "; ".join(f"{k}: " + (f"{v['pack_us_per_token']:.4f} µs/token" if _ok(v) else v["status"])
                         for k, v in result["pack_costs"].items()) + ".", ""]
-  out += ["### Configurations (exact code of every row)", ""]
+  out += ["### Configurations (exact code of every row)", "",
+          "`files` / `tf_files` / `text_files`: the data set's ArrayRecord / TFRecord / text files; "
+          "`parse_augment`, `augment_batch`, `GrainBatchedRead` are in bench/load.py, `bench.llm` is "
+          "bench/llm.py. W is the row's worker count (W = 0: no `.mp_prefetch`).", ""]
+  groups: dict[tuple[str, str], list[dict]] = {}
   for r in result["all_rows"]:
-    out += [f"- `{r['workload']}` / {r['name']}: `{r['code'].replace(chr(10), '; ')}`"]
+    groups.setdefault((r["workload"], code_for({**r, "workers": "W"})), []).append(r)
+  for (workload, generic), members in groups.items():
+    code = members[0]["code"] if len(members) == 1 else generic
+    names = members[0]["name"].split(" mp x")[0]
+    ws = "" if len(members) == 1 else f" (W = {', '.join(str(m['workers']) for m in members)})"
+    out += [f"- `{workload}` / {names}{ws}: `{code.replace(chr(10), '; ')}`"]
   out += ["", "Notes:", ""] + [f"- {n}" for n in result["notes"]]
   return "\n".join(out) + "\n"
 
@@ -909,7 +943,7 @@ def main(argv=None) -> int:
   p.add_argument("--files", type=int, default=8, help="Number of files (shards).")
   p.add_argument("--records", type=int, default=None, help="Records per file (default 25,000; quick 1,000).")
   p.add_argument("--record-bytes", type=int, default=1000, help="Target serialized record size.")
-  p.add_argument("--seconds", type=float, default=None, help="Measured seconds per row (default 4; quick 1).")
+  p.add_argument("--seconds", type=float, default=None, help="Measured seconds per row (default 3; quick 1).")
   p.add_argument("--warmup", type=float, default=None, help="Warm-up seconds after the 20th batch.")
   p.add_argument("--sweep-seconds", type=float, default=None, help="Seconds per grain-batched sweep variant.")
   p.add_argument("--repeat", type=int, default=1, help="Runs of the whole plan; each row keeps its best.")
@@ -934,7 +968,7 @@ def main(argv=None) -> int:
 
   quick = args.quick
   records = args.records or (1000 if quick else 25_000)
-  args.seconds = args.seconds or (1.0 if quick else 4.0)
+  args.seconds = args.seconds or (1.0 if quick else 3.0)
   args.warmup = args.warmup if args.warmup is not None else (0.3 if quick else 1.0)
   args.sweep_seconds = args.sweep_seconds or (0.5 if quick else 1.5)
   workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -1017,7 +1051,8 @@ def main(argv=None) -> int:
         "versions": common.package_versions(["array-record", "grain", "tensorflow-cpu", "numpy", "jax"]),
         "settings": {"seconds": args.seconds, "warmup": args.warmup, "repeat": args.repeat,
                      "sweep_seconds": args.sweep_seconds, "quick": quick, "batch_size": BATCH,
-                     "llm_batch_size": LLM_BATCH, "wall_s": round(time.monotonic() - started, 1)},
+                     "llm_batch_size": LLM_BATCH, "wall_s": round(time.monotonic() - started, 1),
+                     "load_avg_end": common.machine_info().get("load_avg_1m")},
         "data": {**data.summary(), "array_record_files": len(ar_files), "writer_options": "group_size:1"},
         "text_data": {k: v for k, v in (text or {}).items() if k != "files"} or None,
         "targets_config": TARGETS,
