@@ -4,8 +4,8 @@ Field names and defaults are Grain 0.2.18's (`grain.ReadOptions`,
 `grain.multiprocessing.MultiprocessingOptions`), so Grain code keeps working
 after changing the import. Differences, both deliberate:
 
-* The options are frozen (Grain's can be assigned to after construction); use
-  `dataclasses.replace(options, num_threads=...)` instead.
+* Assigning a field after construction is validated like the constructor's
+  arguments (Grain's options take any value).
 * Each has an extra `chunk_size` field: how many source records (elements
   before any batching, whatever stage the batch is on) one batched call of
   the random-access part of the pipeline covers.
@@ -23,7 +23,20 @@ def _check_chunk_size(chunk_size: int | None) -> None:
     check_int(chunk_size, "chunk_size", minimum=1)
 
 
-@dataclasses.dataclass(frozen=True)
+def _validated_setattr(self, name, value):
+  """Mutable as Grain's options, but never left invalid."""
+  initialised = all(hasattr(self, f.name) for f in dataclasses.fields(self))
+  old = getattr(self, name, None)
+  object.__setattr__(self, name, value)
+  if initialised:
+    try:
+      self.__post_init__()
+    except ValueError:
+      object.__setattr__(self, name, old)
+      raise
+
+
+@dataclasses.dataclass(slots=True)
 class ReadOptions:
   """How one process computes the elements of a `MapDataset` it iterates.
 
@@ -54,8 +67,10 @@ class ReadOptions:
     check_int(self.prefetch_buffer_size, "prefetch_buffer_size", minimum=0)
     _check_chunk_size(self.chunk_size)
 
+  __setattr__ = _validated_setattr
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(slots=True)
 class MultiprocessingOptions:
   """Options for `IterDataset.mp_prefetch` and `DataLoader`.
 
@@ -86,3 +101,5 @@ class MultiprocessingOptions:
     if not isinstance(self.enable_profiling, bool):
       raise ValueError(f"enable_profiling must be True or False (got enable_profiling={self.enable_profiling!r}).")
     _check_chunk_size(self.chunk_size)
+
+  __setattr__ = _validated_setattr

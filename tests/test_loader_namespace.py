@@ -200,10 +200,12 @@ def test_options_positional_and_validation():
       loader.ReadOptions(**bad)
   with pytest.raises(ValueError, match=r"enable_profiling must be True or False \(got enable_profiling='y'\)"):
     loader.MultiprocessingOptions(enable_profiling="y")
-  # A documented difference: loader's options are frozen.
-  with pytest.raises(dataclasses.FrozenInstanceError):
-    loader.ReadOptions().num_threads = 2  # type: ignore[misc]
-  assert dataclasses.replace(loader.ReadOptions(), num_threads=2).num_threads == 2
+  # Mutable as Grain's, but assignments are validated too.
+  ro = loader.ReadOptions()
+  ro.num_threads = 2
+  assert ro.num_threads == 2 and dataclasses.replace(ro, num_threads=3).num_threads == 3
+  with pytest.raises(ValueError, match="num_threads must be an integer >= 0"):
+    ro.num_threads = -1
 
 
 def test_config_accepts_grains_keys():
