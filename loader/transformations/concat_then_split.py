@@ -136,6 +136,8 @@ class _Config:
     self.bos_keys = frozenset(bos_features) if replace else frozenset()
     self.bos_token_id = bos_token_id
     self.sliced_keys = tuple(k for k in self.length_struct if k not in self.meta)
+    self.arange = np.arange(max(self.length_struct.values()), dtype=np.int32)  # Positions are copied from it.
+    self.arange.flags.writeable = False
 
   def whole_slices(self) -> dict[str, tuple[int, int]]:
     return {k: _WHOLE for k in self.sliced_keys}
@@ -281,7 +283,7 @@ class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
           values[start] = config.bos_token_id
         if with_ids:
           segment_ids[start:end] = segment
-          positions[start:end] = np.arange(end - start, dtype=np.int32)
+          positions[start:end] = config.arange[:end - start]
       out[key] = values
       if with_ids:
         out[f"{key}_segment_ids"] = segment_ids
