@@ -128,7 +128,8 @@ BIN_CASES = {
 @pytest.mark.parametrize("op", ["first_fit", "best_fit"])
 @pytest.mark.parametrize("case", sorted(BIN_CASES))
 def test_bin_packing_equals_grain(op, case):
-  assert BIN_CASES["many_bins"]["num_packing_bins"] > packing_utils._PY_SCAN_MAX_BINS  # pylint: disable=protected-access
+  max_scan_bins = packing_utils._PY_SCAN_MAX_BINS  # pylint: disable=protected-access
+  assert BIN_CASES["many_bins"]["num_packing_bins"] > max_scan_bins
   kwargs = dict(BIN_CASES[case])
   make_elements = kwargs.pop("elements")
   for seed in range(3):
@@ -267,7 +268,8 @@ def test_concat_then_split_errors():
   with pytest.raises(ValueError, match="meta features are longer"):
     list(cts(src, length_struct={"a": 4, "b": 1}, meta_features=["b"]))
   # Grain's own enum members are accepted too.
-  ds = cts(src, length_struct={"a": 4, "b": 4}, bos_handling=grain.experimental.BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS,
+  ds = cts(src, length_struct={"a": 4, "b": 4},
+           bos_handling=grain.experimental.BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS,
            bos_features=["a"], bos_token_id=9)
   assert next(iter(ds))["a"][0] == 9
 
@@ -332,19 +334,13 @@ def pack_pipeline(lib, experimental, texts, *, kind: str = "first_fit", batch_si
   return ds.batch(batch_size, batch_fn=functools.partial(experimental.batch_and_pad, batch_size=batch_size))
 
 
-class _Ours:
-  """Our packing names, as `loader.experimental` re-exports them."""
-  FirstFitPackIterDataset = packing_lib.FirstFitPackIterDataset
-  BestFitPackIterDataset = packing_lib.BestFitPackIterDataset
-  ConcatThenSplitIterDataset = cts_lib.ConcatThenSplitIterDataset
-  batch_and_pad = staticmethod(batch_and_pad_lib.batch_and_pad)
-
-
 @pytest.mark.parametrize("kind", ["first_fit", "best_fit", "concat_then_split"])
 def test_maxtext_style_pipeline_batches_equal_grain(kind):
+  # The same Grain code, with `grain` = loader: loader.experimental re-exports these modules' names.
+  assert loader.experimental.FirstFitPackIterDataset is packing_lib.FirstFitPackIterDataset
   texts = _texts(120, 0)
   theirs = list(pack_pipeline(grain, grain.experimental, texts, kind=kind))
-  ours = list(pack_pipeline(loader, _Ours, texts, kind=kind))
+  ours = list(pack_pipeline(loader, loader.experimental, texts, kind=kind))
   assert len(ours) > 5
   assert_streams_equal(ours, theirs)
 
@@ -353,7 +349,8 @@ def test_packed_batches_same_for_any_worker_count():
   texts = _texts(150, 1)
   theirs = list(pack_pipeline(grain, grain.experimental, texts))
   for workers in (0, 1, 2):
-    ds = pack_pipeline(loader, _Ours, texts).mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
+    ds = pack_pipeline(loader, loader.experimental, texts)
+    ds = ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
     assert_streams_equal(list(ds), theirs)
 
 
@@ -406,8 +403,10 @@ def test_state_round_trips_through_json_at_every_step(case):
 @pytest.mark.parametrize("kind", ["first_fit", "concat_then_split"])
 def test_restore_into_two_workers(kind):
   texts = _texts(100, 2)
-  make = lambda workers: pack_pipeline(loader, _Ours, texts, kind=kind).mp_prefetch(  # pylint: disable=g-long-lambda
-      loader.MultiprocessingOptions(num_workers=workers))
+  def make(workers):
+    ds = pack_pipeline(loader, loader.experimental, texts, kind=kind)
+    return ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
+
   assert_restore_at_every_step_gives_same_stream(lambda: make(0), make_restore_ds=lambda: make(2), steps=(1, 4))
 
 

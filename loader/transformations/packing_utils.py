@@ -289,8 +289,7 @@ class PackingWindow:
           parts.append(pad[:start - pos])
           run_segments.append(0)
           run_lengths.append(start - pos)
-        v = values[f]
-        parts.append(v if type(v) is np.ndarray and v.ndim else _as_rows(v, trailing))  # pylint: disable=unidiomatic-typecheck
+        parts.append(_as_rows(values[f], trailing))
         run_segments.append(segment)
         run_lengths.append(n)
         pos = start + n
