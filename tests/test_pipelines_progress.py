@@ -155,7 +155,7 @@ def gcs(tmp_path_factory, tfr):
 
 
 def test_gcs_outputs(gcs, capsys, monkeypatch):
-  """Sizes come from listings; progress counts objects as they are published."""
+  """Sizes come from listings; progress counts objects as published (in-process, workers)."""
   bucket = f"gs://{emu.BUCKET}"
   files = expand_patterns([f"{bucket}/tfr/*"])
   assert progress.input_sizes(files) == gcs["sizes"]
@@ -170,9 +170,13 @@ def test_gcs_outputs(gcs, capsys, monkeypatch):
   assert (snap.files_done, snap.files_total) == (SHARDS, SHARDS)
   assert snap.bytes_done == sum(gcs["sizes"].values())
 
+  # The CLI, with Beam's worker processes writing to the bucket.
   monkeypatch.setattr(progress, "FIRST_LOG_S", 0.0)
   monkeypatch.setattr(progress, "REMOTE_POLL_S", 0.1)
   assert convert.main(["--input", f"{bucket}/tfr/*", "--output", f"{bucket}/out/cli",
-                       "--project", emu.PROJECT]) == 0
-  seen = _lines(capsys.readouterr().out)
+                       "--project", emu.PROJECT, "--workers", "2"]) == 0
+  out = capsys.readouterr().out
+  seen = _lines(out)
   assert seen and all(total == SHARDS for _, total in seen)
+  assert "Workers: 2 worker processes" in out
+  assert len([o for o in emu.list_objects(f"{bucket}/out/cli/") if o.endswith("manifest.json")]) == 1
