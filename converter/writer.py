@@ -11,6 +11,7 @@ Beam FileSystems.
 from __future__ import annotations
 
 import errno
+import filecmp
 import os
 import shutil
 import tempfile
@@ -84,14 +85,21 @@ def publish(local_tmp: str, final_path: str, expect: Any = REPLACE_ANY) -> None:
     try:
       ondisk.publish_local(local_tmp, final_path, expect)
     except ondisk.ClobberError as e:
-      raise ClobberedOutputError(str(e)) from None
+      # A retried bundle (or a twin run) that wrote the very same bytes is no
+      # clobbering: keep the file that is there.
+      if not filecmp.cmp(local_tmp, final_path, shallow=False):
+        raise ClobberedOutputError(str(e)) from None
+      os.remove(local_tmp)
     return
   from apache_beam.io.filesystems import FileSystems
   remote_tmp = ondisk.temp_name(final_path)
   try:
     with open(local_tmp, "rb") as src, FileSystems.create(remote_tmp) as dst:
       shutil.copyfileobj(src, dst, _COPY_CHUNK)
-    if expect is None and FileSystems.exists(final_path):
+    # A runner retrying a bundle after its publish finds its own output there:
+    # the same size (conversion is deterministic) is taken as that case.
+    if expect is None and FileSystems.exists(final_path) and \
+        file_size(final_path) != os.path.getsize(local_tmp):
       raise ClobberedOutputError(str(ondisk.ClobberError(final_path)))
     # A GCS rename is a server-side copy that replaces the destination in one
     # step, so an overwritten output is never missing; elsewhere make room first.

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from converter import ConvertOptions, ConversionError, CorruptRecordError
+from converter import ConvertOptions, ConversionError
 from converter.errors import Interrupted, root_cause_line
 from converter.tfrecord import COMPRESSIONS
 

@@ -15,8 +15,7 @@ from typing import Sequence
 
 import apache_beam as beam
 
-from converter import (expand_patterns, plan_shards,
-                       read_manifest)
+from converter import expand_patterns, read_manifest
 from converter.guard import ConversionGuard
 from pipelines import build, cli, progress, workers
 

@@ -193,4 +193,10 @@ def test_publish_never_replaces_a_file_written_after_planning(tmp_path):
                                       expect=_writer.output_identity(final)) as w:
     w.write(b"mine")
     w.commit()
+  # A retried bundle that planned a new file finds its own identical output: kept, no error.
+  kept = _writer.output_identity(final)
+  with _writer.ArrayRecordShardWriter(final, "group_size:1", expect=None) as w:
+    w.write(b"mine")
+    w.commit()
+  assert _writer.output_identity(final) == kept
   assert ft.temps(str(tmp_path)) == []
