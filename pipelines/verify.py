@@ -132,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     manifest_problems = check_manifest(read_manifest(args.output) or {}, args.output)
   except ManifestError as e:
     return cli.fail(PROG, str(e), code=1)  # The dataset is broken, not the command line.
+  except KeyboardInterrupt:
+    print(f"{PROG}: interrupted; nothing was changed, rerun to check again", file=sys.stderr)
+    return 130
   except (ConversionError, ValueError) as e:
     return cli.fail(PROG, str(e))
   bad = [c for c in checks if not c.ok]
