@@ -278,6 +278,12 @@ class ArrayRecordSource:
   forked child reopens its own. One source may be read from several threads
   at once (the readers are thread-safe; opening is locked).
 
+  Every batched read checks (one `stat` per file touched) that its files are
+  the ones the source was created with: a file truncated, replaced or deleted
+  since raises `FileChangedError` naming it, instead of returning empty or
+  wrong records. Damaged data raises `CorruptRecordError` naming the file and
+  the record; both survive the trip from an `mp_prefetch` worker.
+
   Example::
 
     src = ArrayRecordSource("/data/train")        # manifest.json or *.array_record*
