@@ -44,6 +44,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
     self._shuffle_bins = shuffle_bins
     self._group_by_feature = group_by_feature
     self._owner = owner
+    self._cache = packing_utils.WindowCache()
     self._reset(state_lib.strip(parent.get_state()), skip=0, rows_before=0, next_row=0)
 
   def _reset(self, anchor: dict[str, Any], *, skip: int, rows_before: int, next_row: int) -> None:
@@ -92,7 +93,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
     self._next_start = next_start
     self._filling = None
     if next_element is not None:
-      self._filling = packing_utils.PackingWindow(self._spec, next_element)
+      self._filling = packing_utils.PackingWindow(self._spec, next_element, self._cache)
       if not self._filling.try_add(next_element):
         raise ValueError(f"{self._owner}: could not add an element to an empty packed window "
                          f"(length_struct lengths {self._spec.capacities}); please file a bug.")
@@ -109,7 +110,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
         return
       self._pulled += 1
       if self._filling is None:
-        self._filling = packing_utils.PackingWindow(self._spec, element)
+        self._filling = packing_utils.PackingWindow(self._spec, element, self._cache)
       if not self._filling.try_add(element):
         start = (self._anchor, self._pulled - 1)  # The next window starts with `element`.
         self._anchor, self._pulled = state_lib.strip(parent.get_state()), 0

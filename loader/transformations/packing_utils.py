@@ -4,10 +4,12 @@ A `PackingWindow` has `num_packing_bins` rows of `length_struct[k]` cells per
 feature `k`. Elements are placed one by one (Grain's online algorithm: the
 first row where every feature fits, or the fitting row that is already the
 fullest); when one fits nowhere the window is finished and the next one starts
-with it. Placement only records (row, start, length) per element; the values,
-segment ids and positions of a whole window are written at the end with a few
-vectorised numpy calls per feature, so the cost per token is a memcpy and the
-cost per element a handful of Python operations.
+with it. Placement only records each element's row and start cells (a Python
+scan over the rows for up to `_PY_SCAN_MAX_BINS` bins, numpy above). When the
+window is finished, each feature's rows are laid out as runs (elements and
+padding, in order) and written with one `np.concatenate` into the buffer and
+two `np.repeat`s for segment ids and positions: the cost per token is a copy,
+the cost per element a handful of Python operations.
 
 The packed batch matches Grain 0.2.18's `FirstFitPackIterDataset` /
 `BestFitPackIterDataset` exactly: same row choice (including Grain's best-fit
@@ -139,8 +141,9 @@ _PY_SCAN_MAX_BINS = 32
 class PackingWindow:
   """One window of `num_bins` rows being filled, then turned into a packed batch."""
 
-  def __init__(self, spec: PackSpec, element_for_shapes: Any):
+  def __init__(self, spec: PackSpec, element_for_shapes: Any, cache: WindowCache | None = None):
     self._spec = spec
+    self._cache = cache or WindowCache()
     try:
       self._buffer_specs = [_buffer_spec(element_for_shapes[k]) for k in spec.keys]
     except KeyError as e:
@@ -273,14 +276,17 @@ class PackingWindow:
         raise _missing(element, k, spec) from None
     return True
 
-  def _runs(self, f: int, pad: np.ndarray) -> tuple[list[Any], list[int], list[int]]:
-    """Feature f's rows as consecutive runs: (arrays, segment id per run, run lengths).
+  def _runs(self, f: int, pad: np.ndarray, with_ids: bool) -> tuple[list[Any], list[Any], list[int], list[int]]:
+    """Feature f's rows as consecutive runs of elements and padding (alignment gaps, row tails).
 
-    Padding (row tails, alignment gaps) is a run of segment 0 viewing `pad`.
+    Returns the value parts (padding viewing `pad`), the position parts (views
+    of a shared arange, zeros for padding), and each run's segment id (0 for
+    padding) and length.
     """
     length = self._spec.capacities[f]
     trailing = self._buffer_specs[f][1]
-    parts, run_segments, run_lengths = [], [], []
+    counting, zeros = self._cache.positions(length)
+    parts, position_parts, run_segments, run_lengths = [], [], [], []
     for row_elements in self._row_elements:
       pos = 0
       for segment, starts, lengths, values in row_elements:
@@ -289,18 +295,28 @@ class PackingWindow:
           parts.append(pad[:start - pos])
           run_segments.append(0)
           run_lengths.append(start - pos)
+          if with_ids:
+            position_parts.append(zeros[:start - pos])
         parts.append(_as_rows(values[f], trailing))
         run_segments.append(segment)
         run_lengths.append(n)
+        if with_ids:
+          position_parts.append(counting[:n])
         pos = start + n
       if pos < length:
         parts.append(pad[:length - pos])
         run_segments.append(0)
         run_lengths.append(length - pos)
-    return parts, run_segments, run_lengths
+        if with_ids:
+          position_parts.append(zeros[:length - pos])
+    return parts, position_parts, run_segments, run_lengths
 
   def packed_batch(self) -> dict[str, np.ndarray]:
-    """The packed rows that hold at least one element, as Grain returns them."""
+    """The packed rows that hold at least one element, as Grain returns them.
+
+    Each output array is allocated once and written by one numpy call: every
+    cell belongs to exactly one run, so nothing needs zero-filling first.
+    """
     spec = self._spec
     num_rows = sum(1 for c in self._count if c > 0)
     num_bins = spec.num_bins
@@ -308,28 +324,49 @@ class PackingWindow:
     for f, key in enumerate(spec.keys):
       length = spec.capacities[f]
       dtype, trailing = self._buffer_specs[f]
-      padding = spec.paddings[f]
-      pad = np.full((length, *trailing), 0 if padding is None else padding, dtype)
-      parts, run_segments, run_lengths = self._runs(f, pad)
-      # Every cell is covered by exactly one run, so the buffer needs no fill.
+      with_ids = key not in spec.sequence_meta
+      pad = self._cache.padding(f, length, dtype, trailing, spec.paddings[f])
+      parts, position_parts, run_segments, run_lengths = self._runs(f, pad, with_ids)
       values = np.empty((num_bins, length, *trailing), dtype)
       np.concatenate(parts, out=values.reshape(num_bins * length, *trailing), casting="unsafe")
       out[key] = values[:num_rows]
-      if key not in spec.sequence_meta:
-        run_lengths = np.asarray(run_lengths, dtype=np.int64)
+      if with_ids:
         segment_ids = np.repeat(np.asarray(run_segments, dtype=np.int32), run_lengths)
-        run_firsts = np.cumsum(run_lengths) - run_lengths
-        positions = np.arange(num_bins * length, dtype=np.int64 if num_bins * length > 2**31 - 1 else np.int32)
-        positions -= np.repeat(run_firsts.astype(positions.dtype), run_lengths)
-        positions *= segment_ids != 0  # Padding has position 0.
+        positions = np.empty((num_bins, length), np.int32)
+        np.concatenate(position_parts, out=positions.reshape(-1))
         out[f"{key}_segment_ids"] = segment_ids.reshape(num_bins, length)[:num_rows]
-        out[f"{key}_positions"] = positions.astype(np.int32, copy=False).reshape(num_bins, length)[:num_rows]
+        out[f"{key}_positions"] = positions[:num_rows]
     for k in spec.other_meta:
       per_row = np.empty(num_rows, dtype=object)
       for i in range(num_rows):
         per_row[i] = self._meta[k][i]
       out[k] = per_row
     return {k: out[k] for k in spec.output_keys}
+
+
+class WindowCache:
+  """Read-only arrays that every window of a stream views: padding runs and positions."""
+
+  def __init__(self):
+    self._paddings: dict[tuple[Any, ...], np.ndarray] = {}
+    self._positions: tuple[np.ndarray, np.ndarray] | None = None
+
+  def padding(self, f: int, length: int, dtype: np.dtype, trailing: tuple[int, ...], value: Any) -> np.ndarray:
+    key = (f, dtype, trailing)
+    pad = self._paddings.get(key)
+    if pad is None:
+      pad = np.full((length, *trailing), 0 if value is None else value, dtype)
+      pad.flags.writeable = False
+      self._paddings[key] = pad
+    return pad
+
+  def positions(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(0, 1, ..., length - 1) and zeros, as int32, at least `length` long."""
+    if self._positions is None or len(self._positions[0]) < length:
+      counting, zeros = np.arange(length, dtype=np.int32), np.zeros(length, np.int32)
+      counting.flags.writeable = zeros.flags.writeable = False
+      self._positions = counting, zeros
+    return self._positions
 
 
 def _as_rows(v: Any, trailing: tuple[int, ...]) -> Any:
