@@ -422,3 +422,14 @@ def test_state_layout():
   # A restore reads at most two windows (4 rows of <= 16 elements each) before
   # the row it resumes at.
   assert 0 <= state["skip"] <= 64
+
+
+def test_state_of_another_packing_configuration_is_refused():
+  elements = ragged(50, 9, {"inputs": (1, 9, np.int32)})
+  make = lambda bins: packing_lib.FirstFitPackIterDataset(  # pylint: disable=g-long-lambda
+      loader.MapDataset.source(elements).to_iter_dataset(), length_struct={"inputs": 16}, num_packing_bins=bins)
+  with iter(make(4)) as it:
+    take(it, 5)
+    state = it.get_state()
+  with iter(make(3)) as it, pytest.raises(ValueError, match="num_packing_bins=3"):
+    it.set_state(state)

@@ -143,8 +143,11 @@ class _Config:
     return {k: _WHOLE for k in self.sliced_keys}
 
   def __repr__(self) -> str:
-    return (f"length_struct={self.length_struct}, meta_features={sorted(self.meta)}, "
+    text = (f"length_struct={self.length_struct}, meta_features={sorted(self.meta)}, "
             f"split_full_length_features={self.split_full_length_features}, bos_handling={self.bos_handling}")
+    if self.bos_token_id is not None:
+      text += f", bos_features={sorted(self.bos_keys)}, bos_token_id={self.bos_token_id!r}"
+    return text
 
 
 class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):

@@ -182,11 +182,16 @@ class _PackIterDataset(iter_dataset.SequentialIterDataset):
     self._seed = checks.check_int(seed, "seed", minimum=0)
     self._shuffle_bins = bool(shuffle_bins)
     self._group_by_feature = shuffle_bins_group_by_feature
-    self._length_struct = dict(length_struct)
+    # Every argument that changes the output, for reprs and state descriptions.
+    self._args = {"length_struct": dict(length_struct), "num_packing_bins": self._spec.num_bins}
+    optional = {"seed": (self._seed, 0), "shuffle_bins": (self._shuffle_bins, True),
+                "shuffle_bins_group_by_feature": (shuffle_bins_group_by_feature, None),
+                "meta_features": (list(meta_features), []), "pack_alignment_struct": (pack_alignment_struct, None),
+                "padding_struct": (padding_struct, None), "max_sequences_per_bin": (max_sequences_per_bin, None)}
+    self._args.update((k, v) for k, (v, default) in optional.items() if v != default)
 
   def _op_repr(self) -> str:
-    return (f".{type(self).__name__}(length_struct={self._length_struct}, "
-            f"num_packing_bins={self._spec.num_bins}, shuffle_bins={self._shuffle_bins}, seed={self._seed})")
+    return f".{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._args.items())})"
 
   def __str__(self) -> str:
     return type(self).__name__
