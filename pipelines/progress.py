@@ -168,7 +168,7 @@ class Watcher:
 
   def poll(self) -> Snapshot:
     """Checks the outputs once; returns the progress."""
-    partial_out, partial_in = 0, 0.0
+    partial_in = 0.0
     for folder, shards in self._folders.items():
       listed = _listing(folder)
       temps: dict[str, int] = collections.defaultdict(int)
@@ -186,7 +186,6 @@ class Watcher:
           if entry[0]:
             self._ratio = s.size / entry[0]
         elif temps.get(name):
-          partial_out += temps[name]
           partial_in += min(s.size, temps[name] * self._ratio)
     done_bytes = sum(s.size for s in self._shards if s.output in self._done) + partial_in
     self.last = Snapshot(len(self._done), len(self._shards), done_bytes,
