@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 
+import grain  # The reference: Grain 0.2.18 (dev extra).
 import numpy as np
 import pytest
 
@@ -21,8 +22,6 @@ from loader.transformations import packing_utils
 from loader_testing import assert_restore_at_every_step_gives_same_stream
 from loader_testing import assert_streams_equal
 from loader_testing import take
-
-grain = pytest.importorskip("grain")
 
 OPS = {
     "first_fit": (lambda: grain.experimental.FirstFitPackIterDataset, packing_lib.FirstFitPackIterDataset),
