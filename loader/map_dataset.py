@@ -340,9 +340,13 @@ class SourceMapDataset(MapDataset[T]):
   def _state_op(self) -> str:
     # A list's or a user object's repr may be huge or hold addresses; type and
     # length identify the source well enough to catch a wrong one.
-    text = repr(self._source)
-    if len(text) > 120 or text.startswith("<") or isinstance(self._source, (list, tuple)):
-      text = f"{type(self._source).__name__}(len={self._len})"
+    src = self._source
+    if isinstance(src, (list, tuple, np.ndarray)) or type(src).__repr__ is object.__repr__:
+      text = f"{type(src).__name__}(len={self._len})"  # Without printing every element.
+    else:
+      text = repr(src)
+      if len(text) > 120 or text.startswith("<"):
+        text = f"{type(src).__name__}(len={self._len})"
     return f"source({text})"
 
   def _getitems(self, indices: np.ndarray) -> list[T]:
