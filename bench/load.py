@@ -874,8 +874,8 @@ def render_markdown(result: dict) -> str:
     out += [f"### {titles[workload]}", ""]
     if workload == "map" and result.get("map_cost"):
       mc = result["map_cost"]
-      out += [f"The map costs {mc.get('map_us_per_record', '-')} µs/record on one core here "
-              f"({mc.get('status')}).", ""]
+      cost = (f"{mc['map_us_per_record']} µs/record" if _ok(mc) else f"? ({mc.get('status')})")
+      out += [f"The map (bench/load.py `parse_augment`) costs {cost} on one core here, measured apart.", ""]
     out += [_workload_table(result["all_rows"], workload), ""]
     sweep = result.get("sweeps", {}).get(workload)
     if sweep:

@@ -1,0 +1,121 @@
+"""bench/load.py and bench/llm.py: target logic, exact configurations, the child protocol,
+and the LLM pipeline running unchanged on real Grain 0.2.18 and on the loader."""
+
+import os
+
+from absl import flags
+from array_record.python.array_record_module import ArrayRecordWriter
+import numpy as np
+import pytest
+
+from bench import llm
+from bench import load
+
+
+def _row(workload, family, workers, rate, batch20=1.0, **params):
+  return {"workload": workload, "family": family, "workers": workers, "params": params, "status": "ok",
+          "rate": rate, "batch20_s": batch20, "name": f"{family} x{workers}"}
+
+
+def _nomap_rows(ours_rate):
+  rows = [_row("nomap", "loader", w, ours_rate, 0.5, read_options=None) for w in (0, 1, 2)]
+  rows += [_row("nomap", "grain-naive", w, 10.0, 2.0) for w in (0, 1, 2)]
+  rows += [_row("nomap", "grain-batched", w, 100.0, 1.0) for w in (0, 1, 2)]
+  rows += [_row("nomap", "tf.data", 0, 310.0), _row("nomap", "raw", 0, 310.0, threads=1, options="x")]
+  return rows
+
+
+def test_targets_compare_ours_default_with_the_fastest_grain_row_at_equal_workers():
+  rows = _nomap_rows(300.0)
+  targets = load.compare(rows, cores=2, pack={}, map_cost=None)
+  status = {t["target"]: t["status"] for t in targets}
+  grain = next(t for t in targets if "Grain's best at equal workers" in t["target"] and "time" not in t["target"])
+  assert grain["value"] == 3.0 and grain["status"] == "met"
+  assert next(v for k, v in status.items() if "tf.data" in k) == "MISSED"  # 300 / 310
+  assert next(v for k, v in status.items() if "raw batched read limit" in k) == "met"  # 0.968 >= 0.95
+  assert next(v for k, v in status.items() if "20th batch" in k) == "met"  # 0.5 s vs 1.0 s
+  ours0 = rows[0]
+  assert ours0["vs_grain_best"] == 3.0 and rows[6].get("grain_best")  # grain-batched x0 is Grain's best
+
+
+def test_targets_missing_rows_are_not_applicable_rather_than_met():
+  rows = _nomap_rows(300.0)
+  rows[-1]["status"] = "failed (exit 1)"  # The raw limit row.
+  targets = load.compare(rows, cores=2, pack={}, map_cost=None)
+  raw = next(t for t in targets if "raw batched read limit" in t["target"])
+  assert raw["status"] == "n/a" and raw["value"] is None
+
+
+def test_heavy_map_scaling_efficiency_uses_one_core_in_process_rate():
+  rows = [_row("map", "loader", 0, 100.0, read_options={"num_threads": 0}),
+          _row("map", "loader", 0, 120.0, read_options=None),
+          _row("map", "loader", 1, 95.0, read_options=None),
+          _row("map", "loader", 2, 170.0, read_options=None)]
+  targets = load.compare(rows, cores=2, pack={}, map_cost=None)
+  eff = next(t for t in targets if "scaling efficiency" in t["target"])
+  assert eff["value"] == 0.85 and eff["status"] == "MISSED"
+
+
+def test_llm_targets_report_unavailable_rows_as_not_applicable():
+  rows = [_row("llm", "grain-naive", w, 1e6, seq_len=L) for L in load.LLM_SEQ_LENS for w in load.LLM_WORKERS]
+  rows += [{**_row("llm", "loader", w, 0.0, seq_len=L), "status": "unavailable (ImportError: x)"}
+           for L in load.LLM_SEQ_LENS for w in load.LLM_WORKERS]
+  targets = load.compare(rows, cores=2, pack={}, map_cost=None)
+  llm_targets = [t for t in targets if t["target"].startswith("LLM")]
+  assert llm_targets and all(t["status"] == "n/a" for t in llm_targets)
+
+
+@pytest.mark.parametrize("cores", [1, 2, 8])
+def test_every_planned_row_has_exact_code_and_the_worker_counts_include_the_cores(cores):
+  specs = load.plan(list(load.WORKLOADS), list(load.FAMILIES), cores)
+  for s in specs:
+    if s["family"] == "grain-batched":
+      s["params"].update(read_batch=1024, read_threads=cores)
+    assert load.code_for(s)
+  mp = {s["workers"] for s in specs if s["workload"] == "nomap" and s["family"] == "loader"}
+  assert mp == {0, 1, 2, cores}
+  assert {s["workers"] for s in specs if s["workload"] == "llm"} == set(load.LLM_WORKERS)
+
+
+def test_tokenize_trims_and_shifts_like_maxtext():
+  out = llm.Tokenize(8)(b"abcdefghij")
+  np.testing.assert_array_equal(out["inputs"], [llm.BOS] + [c + 3 for c in b"abcdefg"])
+  np.testing.assert_array_equal(out["targets"], [c + 3 for c in b"abcdefg"] + [llm.EOS])
+
+
+def _text_files(tmp_path, shards=2, records=64):
+  files = []
+  for s in range(shards):
+    path = str(tmp_path / f"text-{s}.array_record")
+    w = ArrayRecordWriter(path, "group_size:1")
+    for doc in llm.text_records(s, records, 200):
+      w.write(doc)
+    w.close()
+    files.append(path)
+  return files
+
+
+def test_llm_pipeline_runs_unchanged_on_grain_and_on_the_loader(tmp_path):
+  import grain  # pylint: disable=g-import-not-at-top
+  import loader  # pylint: disable=g-import-not-at-top
+  flags.FLAGS.mark_as_parsed()
+  files = _text_files(tmp_path)
+  shapes = {}
+  for lib, src in [(grain, grain.sources.ArrayRecordDataSource(files)), (loader, loader.ArrayRecordSource(files))]:
+    it = iter(llm.pipeline(lib, src, seq_len=128, batch_size=4, num_workers=0))
+    batches = [next(it) for _ in range(3)]
+    assert all(llm.count_tokens(b) > 0 for b in batches)
+    shapes[lib.__name__] = {k: v.shape for k, v in batches[0].items()}
+  assert shapes["grain"] == shapes["loader"]
+  assert shapes["grain"]["inputs_segment_ids"] == (4, 128)
+
+
+def test_child_process_measures_a_row_with_rss_and_cpu(tmp_path):
+  files = _text_files(tmp_path)  # Any ArrayRecord files do for the raw reader.
+  spec = {"kind": "row", "workload": "nomap", "family": "raw", "workers": 0,
+          "params": {"threads": 2, "options": load.RAW_OPTIONS[0]}, "seconds": 0.2, "warmup": 0.0,
+          "files": {"ar": files}}
+  res = load._measure(spec, timeout=60)  # pylint: disable=protected-access
+  assert res["status"] == "ok", res
+  assert res["rate"] > 0 and res["peak_rss_mb"] > 0 and res["cpu_util"] >= 0
+  assert res["processes"] >= 1 and os.path.exists(files[0])
