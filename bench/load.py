@@ -25,9 +25,10 @@ report names it exactly (the `code` of each row, the Configurations section):
                   .to_iter_dataset(ReadOptions(num_threads=16)).batch(256);
   grain-batched   Grain 0.2.18 batched indices: MapDataset.range(n).shuffle()
                   .repeat().batch(B).map(batched __getitems__ read [+ map])
-                  .to_iter_dataset(ReadOptions(num_threads=T)), rebatched to
-                  256 when B != 256; (B, T) picked by an in-process sweep in
-                  the same run (reported);
+                  .to_iter_dataset(ReadOptions(num_threads=T,
+                  prefetch_buffer_size=T)), rebatched to 256 when B != 256;
+                  B in 256..4096 and T in (0, cores) picked by an in-process
+                  sweep in the same run (reported; for llm at L=1024);
   tf.data         interleave over the shuffled files (parallel, cycle = files)
                   + shuffle(10,000) + batch + [vectorised parse + the numpy
                   augment via tf.numpy_function] + prefetch(AUTOTUNE). A local
@@ -53,6 +54,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -73,7 +75,7 @@ SHUFFLE_BUFFER = 10_000  # tf.data's usual local shuffle window.
 GRAIN_NAIVE_THREADS = 16  # Grain's default ReadOptions.num_threads.
 RAW_PER_CALL = 2048  # Random indices per ArrayRecordReader.read call (per file).
 RAW_OPTIONS = ("readahead_buffer_size:0", "readahead_buffer_size:0,max_parallelism:0")
-AUGMENT_ROUNDS = 6  # Sets the map's cost (~300 µs/record with parsing on the reference machine).
+AUGMENT_ROUNDS = 7  # ~290 µs/record with parsing on the 2-core dev machine (reported per run).
 LLM_SEQ_LENS = (1024, 2048)
 LLM_BATCH = 16  # MaxText packs into num_packing_bins = batch size.
 LLM_WORKERS = (0, 1, 2)
@@ -201,7 +203,9 @@ class GrainBatchedRead:
 
 
 # --------------------------------------------------------------------------
-# Systems: each builds (iterator, count) in a child process.
+# Systems: a builder per family returns one row's dataset, in a child process.
+# Libraries are imported inside the builders (lazily) so that each child
+# imports only its own system: its import time, RSS and threads are its own.
 # --------------------------------------------------------------------------
 
 
@@ -454,7 +458,6 @@ def _close(it, timeout: float = 2.0) -> float | None:
   A close that hangs (a worker pool waiting on its workers) is left behind:
   the child terminates its descendants itself before exiting.
   """
-  import threading  # pylint: disable=g-import-not-at-top
   close = getattr(it, "close", None)
   if close is None:
     return 0.0
