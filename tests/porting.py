@@ -97,6 +97,8 @@ def plain(x: Any) -> Any:
   loader batches bytes into numpy object arrays where Grain makes fixed-width
   `S` arrays (a documented difference); both become lists of bytes here.
   """
+  if not isinstance(x, np.ndarray) and hasattr(x, "__array__"):  # jax.Array and the like.
+    x = np.asarray(x)
   if isinstance(x, np.ndarray):
     return [plain(v) for v in x] if x.ndim else plain(x.item())
   if isinstance(x, np.generic):

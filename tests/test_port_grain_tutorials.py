@@ -410,15 +410,19 @@ class Mnist:
     return self._n
 
   def __getitem__(self, i):
-    return {"image": np.full((4, 4, 1), (i + self._offset) % 256, np.uint8), "label": (i + self._offset) % 10,
-            "id": f"{self._name}/{i}"}
+    features = {"image": np.full((4, 4, 1), (i + self._offset) % 256, np.uint8), "label": (i + self._offset) % 10}
+    if FOR_DEVICE:  # device_put shards every leaf along its first axis: arrays of rank >= 1 only.
+      features["label"] = np.array([features["label"]])
+    else:  # Tells the inputs of a mixture apart.
+      features["id"] = f"{self._name}/{i}"
+    return features
 
 
 def tfds_data_source(name, split):
   return Mnist(name, 60, 0) if name == "mnist" else Mnist(name, 30, 7)
 """
 
-ADVANCED_CHECKPOINT_AND_MIXING = MNIST_STAND_IN + """
+ADVANCED_CHECKPOINT_AND_MIXING = "FOR_DEVICE = False\n" + MNIST_STAND_IN + """
 import grain
 import numpy as np
 from pprint import pprint
@@ -537,3 +541,119 @@ def test_advanced_tutorial_checkpointing_and_mixing(tmp_path):
   for ns in (g, l):
     ids = [e["id"] for e in ns.shuffled_mixed_head]
     assert sorted(ids) == sorted([f"mnist/{i}" for i in range(60)] + [f"pneumonia_mnist/{i}" for i in range(30)])
+
+
+# The tutorial's "Prefetching" section: thread prefetch, device_put, ReadOptions,
+# pick_performance_config (the performance config recipe) and mp_prefetch.
+ADVANCED_PREFETCHING = "FOR_DEVICE = True\n" + MNIST_STAND_IN + """
+from absl import flags
+flags.FLAGS.mark_as_parsed()  # Grain's worker processes read absl flags (a notebook has them parsed).
+
+import grain
+import jax
+
+cpu_buffer_size = 3
+source = tfds_data_source(name="mnist", split="train")
+ds = grain.MapDataset.source(source).to_iter_dataset()
+ds.map(lambda x: x)  # Dummy map to illustrate the usage.
+ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=cpu_buffer_size)
+ds = ds.map(jax.device_put)
+thread_prefetched = list(ds)
+
+import grain
+import jax
+import numpy as np
+
+cpu_buffer_size = 3
+tpu_buffer_size = 2
+source = tfds_data_source(name="mnist", split="train")
+ds = grain.MapDataset.source(source).to_iter_dataset()
+ds.map(lambda x: x)  # Dummy map to illustrate the usage.
+
+devices = jax.devices()
+
+mesh = jax.sharding.Mesh(np.array(devices), axis_names=('data',))
+p = jax.sharding.PartitionSpec('data')
+sharding = jax.sharding.NamedSharding(mesh, p)
+
+ds = grain.experimental.device_put(
+        ds=ds,
+        device=sharding,
+        cpu_buffer_size=cpu_buffer_size,
+        device_buffer_size=tpu_buffer_size,
+    )
+on_device = list(ds)
+
+import grain
+import jax
+import numpy as np
+
+# If not set defaults to 16 threads and buffer 500.
+read_options = grain.ReadOptions(num_threads=32, prefetch_buffer_size=400)
+default_read_options = grain.ReadOptions()
+
+source = tfds_data_source(name="mnist", split="train")
+ds = grain.MapDataset.source(source).to_iter_dataset(read_options=read_options)
+read_with_options = list(ds)
+
+import grain
+import jax
+import numpy as np
+
+source = tfds_data_source(name="mnist", split="train")
+ds = grain.MapDataset.source(source)
+performance_config = grain.experimental.pick_performance_config(
+        ds=ds,
+        ram_budget_mb=1024,
+        max_workers=None,
+        max_buffer_size=None
+    )
+ds = ds.to_iter_dataset(read_options=performance_config.read_options)
+read_with_picked_options = list(ds)
+
+import grain
+import tensorflow_datasets as tfds
+
+source = tfds_data_source(name="mnist", split="train")
+ds = grain.MapDataset.source(source).to_iter_dataset()
+
+prefetch_lazy_iter_ds = ds.mp_prefetch(
+        grain.MultiprocessingOptions(num_workers=3, per_worker_buffer_size=10),
+    )
+from_three_workers = list(prefetch_lazy_iter_ds)
+
+import grain
+import tensorflow_datasets as tfds
+
+source = tfds_data_source(name="mnist", split="train")
+ds = grain.MapDataset.source(source).to_iter_dataset()
+
+performance_config = grain.experimental.pick_performance_config(
+        ds=ds,
+        ram_budget_mb=1024,
+        max_workers=None,
+        max_buffer_size=None
+    )
+
+prefetch_lazy_iter_ds = ds.mp_prefetch(
+        performance_config.multiprocessing_options,
+    )
+from_picked_workers = list(prefetch_lazy_iter_ds)
+"""
+
+
+def test_advanced_tutorial_prefetching_and_performance_config():
+  g, l = porting.run_both(ADVANCED_PREFETCHING)
+  source = g.tfds_data_source("mnist", "train")
+  everything = [plain(source[i]) for i in range(len(source))]
+  assert len(everything) == 60
+  for name in ("thread_prefetched", "on_device", "read_with_options", "read_with_picked_options",
+               "from_three_workers", "from_picked_workers"):
+    assert [plain(e) for e in getattr(g, name)] == everything, f"Grain: {name}"
+    assert [plain(e) for e in getattr(l, name)] == everything, f"loader: {name}"
+  assert (l.default_read_options.num_threads, l.default_read_options.prefetch_buffer_size) == (
+      g.default_read_options.num_threads, g.default_read_options.prefetch_buffer_size) == (16, 500)
+  for ns in (g, l):
+    assert ns.performance_config.multiprocessing_options.num_workers >= 0
+    import jax  # pylint: disable=g-import-not-at-top
+    assert all(isinstance(e["image"], jax.Array) for e in ns.on_device + ns.thread_prefetched)
