@@ -69,7 +69,11 @@ def run(source: str, lib: str, **inputs: Any) -> types.SimpleNamespace:
   """
   module = types.ModuleType(f"snippet_{lib}")
   module.__dict__.update(inputs)
-  exec(compile(source_for(source, lib), f"<{lib} snippet>", "exec"), module.__dict__)  # pylint: disable=exec-used
+  # dont_inherit: this file's `from __future__ import annotations` must not turn
+  # the snippet's annotations into strings (dataclasses would then look the
+  # snippet's module up in sys.modules).
+  code = compile(source_for(source, lib), f"<{lib} snippet>", "exec", dont_inherit=True)
+  exec(code, module.__dict__)  # pylint: disable=exec-used
   return types.SimpleNamespace(**{k: v for k, v in module.__dict__.items() if not k.startswith("__")})
 
 
