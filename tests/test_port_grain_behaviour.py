@@ -641,3 +641,45 @@ def test_data_loader_with_worker_processes_reads_what_grain_reads():
   # for any worker count.
   assert plain(l.with_workers[1][0]) == EXPECTED_CHECKPOINT_STREAM
   assert plain(l.in_memory) == [[2, 4], [6, 8]]
+
+
+# ---- Orbax v1: Grain 0.2.18's iterators are StatefulCheckpointables ----------
+# DatasetIterator and DataLoaderIterator define `async save(directory)` /
+# `load(directory)` ("Orbax checkpointing API" in grain's dataset.py and
+# data_loader.py), which orbax.checkpoint.v1 finds by duck typing; MaxText's
+# GrainCheckpointable_v1 delegates to them when `hasattr(item, "save")`.
+
+ORBAX_V1 = """
+import grain.python as grain
+from orbax.checkpoint import v1 as ocp
+
+
+def make_dataset_iterator():
+  return iter(grain.MapDataset.range(20).shuffle(seed=3).map(lambda x: x * 2).batch(3).to_iter_dataset())
+
+
+def make_data_loader_iterator():
+  sampler = grain.IndexSampler(num_records=20, shuffle=True, seed=3, num_epochs=1, shard_options=grain.NoSharding())
+  return iter(grain.DataLoader(data_source=grain.RangeDataSource(0, 20, 1), sampler=sampler,
+                               operations=[grain.Batch(batch_size=3)], worker_count=0))
+
+
+streams = {}
+for name, make in (("dataset", make_dataset_iterator), ("data_loader", make_data_loader_iterator)):
+  it = make()
+  head = [next(it) for _ in range(2)]
+  ocp.save_checkpointables(f"{directory}/{name}", dict(data_iter=it))
+  rest = list(it)
+  restored = make()
+  ocp.load_checkpointables(f"{directory}/{name}", dict(data_iter=restored))
+  streams[name] = (head, rest, list(restored))
+"""
+
+
+def test_iterators_checkpoint_with_orbax_v1(tmp_path):
+  g, l = [porting.run(ORBAX_V1, lib, directory=str(tmp_path / lib)) for lib in porting.LIBS]
+  for ns in (g, l):
+    for name, (head, rest, resumed) in ns.streams.items():
+      assert plain(resumed) == plain(rest), name
+      assert sorted(v for b in plain(head + rest) for v in b) == sorted(
+          2 * x if name == "dataset" else x for x in range(20)), name
