@@ -47,6 +47,7 @@ import jax
 import numpy as np
 
 import grain.python as grain
+from grain.experimental import ElasticIterator
 from grain.experimental import BestFitPackIterDataset, pick_performance_config
 from grain.experimental import TFRecordIterDataset
 
@@ -467,6 +468,12 @@ def format_and_batch(dataset, config, batch_size, pad_id, data_columns, tokenize
   else:
     dataset = dataset.map(PadOrTrimToMaxLength(config.max_target_length, pad_id))
 
+  if config.grain_use_elastic_iterator:
+    # ElasticIterator batches internally, so return the pre-batch dataset.
+    if shift:
+      dataset = dataset.map(ShiftData(ignored_ids=[pad_id], axis=0))
+    return dataset
+
   batch_fn = functools.partial(grain.experimental.batch_and_pad, batch_size=batch_size, pad_value=pad_id)
   dataset = dataset.batch(batch_size, batch_fn=batch_fn)
   if shift:
@@ -476,6 +483,9 @@ def format_and_batch(dataset, config, batch_size, pad_id, data_columns, tokenize
 
 def apply_multiprocessing_and_prefetch(dataset, config, grain_worker_count, grain_per_worker_buffer_size):
   """Applies multiprocessing and prefetching configurations to the dataset."""
+  if config.grain_use_elastic_iterator:
+    # ElasticIterator applies multiprocessing itself.
+    return dataset
   multiprocessing_options = (
       pick_performance_config(
           ds=dataset,
@@ -690,6 +700,24 @@ def pretrain_preprocessing_pipeline(
   return dataset
 
 
+def _make_elastic_iterator(dataset, config, preprocessing_fn, shard_index=None, shard_count=None, mp_opts=None):
+  """Applies preprocessing_fn then wraps the result with ElasticIterator."""
+  ds = preprocessing_fn(dataset=dataset)
+  return ElasticIterator(
+      ds,
+      global_batch_size=config.global_batch_size_to_load,
+      shard_options=grain.ShardOptions(
+          shard_index=shard_index if shard_index is not None else jax.process_index(),
+          shard_count=shard_count if shard_count is not None else jax.process_count(),
+      ),
+      read_options=grain.ReadOptions(
+          num_threads=config.grain_num_threads,
+          prefetch_buffer_size=config.grain_prefetch_buffer_size,
+      ),
+      multiprocessing_options=mp_opts,
+  )
+
+
 # ---- common/grain_utility.py: the iterator's JSON checkpoint ----------------
 
 def _state_to_text(iterator) -> str:
@@ -718,7 +746,7 @@ def make_config(**overrides):
       grain_ram_budget_mb=1024, train_data_columns=["text"], tokenize_train_data=True, use_truncation=True,
       max_target_length=32, global_batch_size_to_load=4, packing=False, grain_packing_type="first_fit",
       max_segments_per_seq=None, tokenizer_path="stand-in", tokenizer_type="bytes", add_bos=False, add_eos=False,
-      hf_access_token=None)
+      hf_access_token=None, grain_use_elastic_iterator=False)
   config.update(overrides)
   return types.SimpleNamespace(**config)
 
@@ -739,15 +767,28 @@ def make_train_iterator(config, dataloading_host_index=0, dataloading_host_count
       grain_data_source_max_workers=config.grain_data_source_max_workers,
       grain_index_storage_option=config.grain_index_storage_option,
       mixture_config_path=config.grain_train_mixture_config_path,
+      elastic=config.grain_use_elastic_iterator,
   )
-  train_dataloader = pretrain_preprocessing_pipeline(
-      train_ds,
+  preprocessing_fn = functools.partial(
+      pretrain_preprocessing_pipeline,
       config=config,
       data_columns=config.train_data_columns,
       tokenize=config.tokenize_train_data,
       grain_worker_count=config.grain_worker_count,
       grain_per_worker_buffer_size=config.grain_per_worker_buffer_size,
   )
+  if config.grain_use_elastic_iterator:
+    mp_options = (
+        grain.MultiprocessingOptions(
+            num_workers=config.grain_worker_count,
+            per_worker_buffer_size=config.grain_per_worker_buffer_size,
+        )
+        if config.grain_worker_count > 0
+        else None
+    )
+    return _make_elastic_iterator(train_ds, config, preprocessing_fn, shard_index=dataloading_host_index,
+                                  shard_count=dataloading_host_count, mp_opts=mp_options)
+  train_dataloader = preprocessing_fn(dataset=train_ds)
   return iter(train_dataloader)
 
 
@@ -933,3 +974,34 @@ def test_maxtext_tfrecord_branch_with_row_sharding_and_json_resume(train_files, 
   else:  # File and window shuffles differ from Grain's by design: which host reads what may differ.
     assert same_multiset([r for h in range(3) for r in _rows(g.batches[h])],
                          [r for h in range(3) for r in _rows(l.batches[h])])
+
+
+# ElasticIterator: MaxText writes its state (one global position) to process_0.json
+# from process 0 only, so a job restarted with another host count can resume.
+DRIVE_ELASTIC = '''
+batches, resumed = {}, {}
+for host in range(2):
+  config = make_config(grain_use_elastic_iterator=True, num_epoch=1)
+  batches[host] = [next(it) for it in [make_train_iterator(config, host, 2)] for _ in range(4)]
+  it = make_train_iterator(config, host, 2)
+  head = [next(it), next(it)]
+  if host == 0:
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    (Path(checkpoint_dir) / "process_0.json").write_text(json.dumps(it.get_state(), indent=4))
+# Restart on one host: it resumes the global position with the whole batch.
+config = make_config(grain_use_elastic_iterator=True, num_epoch=1)
+it = make_train_iterator(config, 0, 1)
+it.set_state(json.loads((Path(checkpoint_dir) / "process_0.json").read_text()))
+one_host_after_restart = [next(it) for _ in range(2)]
+'''
+
+
+def test_maxtext_elastic_iterator_and_host_count_change(train_files, tmp_path):
+  g, l = [porting.run(MAXTEXT + DRIVE_ELASTIC, lib, train_files=train_files["c4"],
+                      checkpoint_dir=str(tmp_path / lib)) for lib in porting.LIBS]
+  # Nothing random: exactly Grain's per-host batches and restart batches.
+  assert structure(l.batches) == structure(g.batches)
+  assert plain(l.batches) == plain(g.batches)
+  assert plain(l.one_host_after_restart) == plain(g.one_host_after_restart)
+  assert {b["inputs"].shape for b in g.batches[0]} == {(2, 32)}
+  assert {b["inputs"].shape for b in g.one_host_after_restart} == {(4, 32)}
