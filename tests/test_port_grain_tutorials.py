@@ -878,3 +878,67 @@ def test_advanced_tutorial_hierarchical_shuffle(tmp_path):
     assert sorted(e["email_subject"] for e in stream) == sorted(f"Subject {s}-{i}" for s in range(3) for i in range(7))
   # Interleaving is deterministic; the window shuffle's order differs from Grain's by design.
   assert same_multiset(g.first_five + g.rest, l.first_five + l.rest)
+
+
+# ---- Dataset debugging tutorial (docs/tutorials/dataset_debugging_tutorial.md)
+
+DEBUGGING_TUTORIAL = """
+import grain.python as grain
+
+grain.config.update("py_dataset_visualization_output_dir", "")
+ds = (
+    grain.MapDataset.range(20)
+    .seed(seed=42)
+    .shuffle()
+    .batch(batch_size=2)
+    .map(lambda x: x)
+    .to_iter_dataset()
+)
+it = iter(ds)
+
+# Visualization graph is constructed once the dataset produces the first element
+visualized = []
+for _ in range(10):
+  visualized.append(next(it))
+
+import time
+
+
+# Define a dummy slow preprocessing function
+def _dummy_slow_fn(x):
+  time.sleep(0.01)  # 10 s in the tutorial.
+  return x
+
+
+grain.config.update("py_debug_mode", True)
+
+ds = (
+    grain.MapDataset.range(20)
+    .seed(seed=42)
+    .shuffle()
+    .batch(batch_size=2)
+    .map(_dummy_slow_fn)
+    .to_iter_dataset()
+    .map(_dummy_slow_fn)
+)
+it = iter(ds)
+
+debugged = []
+for _ in range(10):
+  debugged.append(next(it))
+"""
+
+
+def test_dataset_debugging_tutorial():
+  try:
+    g, l = porting.run_both(DEBUGGING_TUTORIAL)
+  finally:  # The options are process-wide: later tests run with the defaults.
+    porting.run('import grain\ngrain.config.update("py_debug_mode", False)\n'
+                'grain.config.update("py_dataset_visualization_output_dir", None)\n', "grain")
+    porting.run('import grain\ngrain.config.update("py_debug_mode", False)\n'
+                'grain.config.update("py_dataset_visualization_output_dir", None)\n', "loader")
+  for ns in (g, l):
+    for batches in (ns.visualized, ns.debugged):
+      assert [b.shape for b in batches] == [(2,)] * 10
+      assert _flat(batches) == list(range(20))
+    assert plain(ns.visualized) == plain(ns.debugged)  # Same seed, same shuffle.
