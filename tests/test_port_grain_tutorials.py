@@ -942,3 +942,158 @@ def test_dataset_debugging_tutorial():
       assert [b.shape for b in batches] == [(2,)] * 10
       assert _flat(batches) == list(range(20))
     assert plain(ns.visualized) == plain(ns.debugged)  # Same seed, same shuffle.
+
+
+# ---- JAX training tutorial (docs/tutorials/jax_training_tutorial.md) --------
+
+JAX_TRAINING_TUTORIAL = """
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Mnist:
+  \"\"\"Stand-in for tfds.data_source("mnist", split="train"): no downloads in tests.\"\"\"
+
+  def __len__(self):
+    return 40
+
+  def __getitem__(self, i):
+    return {"image": np.full((28, 28, 1), i, np.uint8), "label": np.int64(i % 10)}
+
+
+source = Mnist()
+
+ds = (
+    grain.MapDataset.source(source)
+    .seed(42)
+    .shuffle()
+    .map(lambda r: {"image": r["image"].astype(np.float32) / 255.0,
+                    "label": r["label"]})
+    .batch(batch_size=8, drop_remainder=True)  # new leading dim
+    .to_iter_dataset()
+)
+
+for batch in ds:
+    batch = jax.device_put(batch)  # default device
+    minimal = jax.tree.map(lambda x: (x.shape, x.dtype), batch)
+    break
+
+ds = (
+    grain.MapDataset.source(source)
+    .seed(42)
+    .shuffle()
+    .repeat()  # infinite stream
+    .map(lambda r: {"image": r["image"].astype(np.float32) / 255.0,
+                    "label": r["label"]})
+    .batch(8, drop_remainder=True)
+)
+repeated_length = len(ds)  # sys.maxsize
+two_epochs = [ds[i] for i in range(10)]
+
+
+def pad_collate(items):
+    max_len = max(x["tokens"].shape[0] for x in items)
+    tokens = np.stack([
+        np.pad(x["tokens"], (0, max_len - x["tokens"].shape[0]))
+        for x in items
+    ])
+    return {"tokens": tokens}
+
+# Toy stream of variable-length token sequences.
+ragged = grain.MapDataset.source(
+    [{"tokens": np.arange(np.random.randint(2, 6))} for _ in range(16)]
+)
+ragged = ragged.batch(4, batch_fn=pad_collate, drop_remainder=True)
+ragged_shapes = []
+for i in range(3):
+    ragged_shapes.append(ragged[i]["tokens"].shape)
+
+ds = (
+    grain.MapDataset.source(source)
+    .seed(42).shuffle()
+    .map(lambda r: {"image": r["image"].astype(np.float32) / 255.0,
+                    "label": r["label"]})
+    .batch(8, drop_remainder=True)
+    .to_iter_dataset()
+)
+ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=4)
+ds = ds.map(jax.device_put)  # transfer still on iter thread
+
+option_b = []
+for step, batch in zip(range(3), ds):
+    option_b.append(batch)
+
+ds = (
+    grain.MapDataset.source(source)
+    .seed(42).shuffle()
+    .map(lambda r: {"image": r["image"].astype(np.float32) / 255.0,
+                    "label": r["label"]})
+    .batch(8, drop_remainder=True)
+    .to_iter_dataset()
+)
+
+ds = grain.experimental.device_put(
+    ds=ds,
+    device=jax.devices()[0],     # or a Sharding (see below)
+    cpu_buffer_size=4,           # batches buffered on host
+    device_buffer_size=2,        # batches buffered on device
+)
+
+option_c = []
+for step, batch in zip(range(2), ds):
+    option_c.append(batch)
+
+BATCH_SIZE = 8
+devices = jax.devices()
+mesh = jax.sharding.Mesh(np.array(devices), axis_names=("data",))
+sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+
+def preprocess(r):
+    return {"image": r["image"].astype(np.float32) / 255.0,
+            "label": r["label"]}
+
+ds = (
+    grain.MapDataset.source(source)
+    .seed(42).shuffle().repeat()
+    .map(preprocess)
+    .batch(BATCH_SIZE, drop_remainder=True)
+    .to_iter_dataset()
+)
+
+ds = grain.experimental.device_put(
+    ds=ds, device=sharding,
+    cpu_buffer_size=4, device_buffer_size=2,
+)
+
+@jax.jit
+def train_step(params, batch):
+    # Replace with your real loss/update.
+    return params + batch["image"].mean()
+
+params = jnp.zeros(())
+for step, batch in zip(range(5), ds):
+  params = train_step(params, batch)
+"""
+
+
+def test_jax_training_tutorial():
+  g, l = porting.run_both(JAX_TRAINING_TUTORIAL)
+  import jax  # pylint: disable=g-import-not-at-top
+  assert plain(l.minimal) == plain(g.minimal)
+  assert {k: (s, str(d)) for k, (s, d) in l.minimal.items()} == {"image": ((8, 28, 28, 1), "float32"),
+                                                                 "label": ((8,), "int32")}  # jax: x64 off.
+  assert g.repeated_length == l.repeated_length
+  for ns in (g, l):
+    labels = [int(v) for b in ns.two_epochs for v in b["label"]]
+    images = [int(round(float(img[0, 0, 0]) * 255)) for b in ns.two_epochs for img in b["image"]]
+    assert sorted(images[:40]) == sorted(images[40:]) == list(range(40))  # Each epoch: every record once.
+    assert labels == [i % 10 for i in images]
+    assert all(s[0] == 4 and 2 <= s[1] <= 5 for s in ns.ragged_shapes)
+    for batch in ns.option_b + ns.option_c:
+      assert isinstance(batch["image"], jax.Array) and batch["image"].shape == (8, 28, 28, 1)
+    # The first 5 shuffled batches are one epoch: their mean does not depend on the order.
+    np.testing.assert_allclose(float(ns.params), 5 * np.mean(np.arange(40)) / 255, rtol=1e-5)
+  records = lambda ns: [(int(lab), plain(img)) for b in ns.two_epochs for lab, img in zip(b["label"], b["image"])]
+  assert same_multiset(records(g), records(l))
