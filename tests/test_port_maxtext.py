@@ -1005,3 +1005,52 @@ def test_maxtext_elastic_iterator_and_host_count_change(train_files, tmp_path):
   assert plain(l.one_host_after_restart) == plain(g.one_host_after_restart)
   assert {b["inputs"].shape for b in g.batches[0]} == {(2, 32)}
   assert {b["inputs"].shape for b in g.one_host_after_restart} == {(4, 32)}
+
+
+# Switching mid-training: the job ran on Grain and wrote its JSON checkpoint;
+# the same job, its import line changed, restores it on loader. loader must
+# resume at exactly the element Grain would, or refuse in one clear line.
+DRIVE_WRITE = '''
+if mixture:
+  with open(f"{checkpoint_dir}/mixture.json", "w") as f:
+    json.dump({"c4": {"path": train_files["c4"], "weight": 0.7},
+               "wiki": {"path": train_files["wiki"], "weight": 0.3}}, f)
+  overrides["grain_train_mixture_config_path"] = f"{checkpoint_dir}/mixture.json"
+config = make_config(**overrides)
+it = make_train_iterator(config)
+head = [next(it) for _ in range(2)]
+save_data_checkpoint(it, checkpoint_dir)
+tail = list(it)
+'''
+
+DRIVE_READ = '''
+if mixture:
+  overrides["grain_train_mixture_config_path"] = f"{checkpoint_dir}/mixture.json"
+it = make_train_iterator(make_config(**overrides))
+try:
+  restore_data_checkpoint(it, checkpoint_dir)
+  resumed, error = list(it), None
+except ValueError as e:
+  resumed, error = None, e
+'''
+
+
+@pytest.mark.parametrize("case", ["in_order", "shuffled", "packed_mixture"])
+def test_maxtext_checkpoint_written_on_grain_resumes_exactly_on_loader_or_is_refused(train_files, tmp_path, case):
+  overrides, mixture = {
+      "in_order": ({}, False),
+      "shuffled": ({"enable_data_shuffling": True}, False),
+      "packed_mixture": ({"packing": True, "use_truncation": False, "max_target_length": 16}, True),
+  }[case]
+  files = train_files if mixture else train_files["c4"]
+  g = porting.run(MAXTEXT + DRIVE_WRITE, "grain", train_files=files, checkpoint_dir=str(tmp_path),
+                  overrides=dict(overrides), mixture=mixture)
+  l = porting.run(MAXTEXT + DRIVE_READ, "loader", train_files=files, checkpoint_dir=str(tmp_path),
+                  overrides=dict(overrides), mixture=mixture)
+  if case == "in_order":  # Grain's position means the same element here: resumed exactly.
+    assert l.error is None
+    assert plain(l.resumed) == plain(g.tail)
+  else:  # Grain's shuffle and packing order differ from loader's: refused, never misplaced.
+    assert l.resumed is None
+    message = str(l.error)
+    assert "\n" not in message and "Restore a state saved by loader, or start over." in message
