@@ -683,3 +683,31 @@ def test_iterators_checkpoint_with_orbax_v1(tmp_path):
       assert plain(resumed) == plain(rest), name
       assert sorted(v for b in plain(head + rest) for v in b) == sorted(
           2 * x if name == "dataset" else x for x in range(20)), name
+
+
+# ---- The harness: only import lines change ---------------------------------
+
+def test_only_import_lines_are_rewritten():
+  source = ("import grain\nimport grain.python as pygrain  # comment\nfrom grain import python as grain2\n"
+            "from grain.experimental import FlatMapTransform\n  import grain\nimport grain_utils\n"
+            "x = 'import grain'\n")
+  assert porting.to_loader(source) == (
+      "import loader as grain\nimport loader.python as pygrain  # comment\nfrom loader import python as grain2\n"
+      "from loader.experimental import FlatMapTransform\n  import loader as grain\nimport grain_utils\n"
+      "x = 'import grain'\n")
+  with pytest.raises(ValueError, match="import grain.python as <name>"):
+    porting.to_loader("import grain.python\n")
+
+
+def test_every_import_spelling_runs_on_both():
+  g, l = porting.run_both("""
+from grain import python as grain
+from grain.experimental import batch_and_pad
+import grain.python as pygrain
+import grain as top
+
+result = [list(grain.MapDataset.range(5).batch(2, batch_fn=lambda xs: batch_and_pad(xs, batch_size=2))),
+          pygrain.MapDataset is top.MapDataset, top.python.MapDataset is top.MapDataset]
+""")
+  assert plain(l.result) == plain(g.result) == [[[0, 1], [2, 3], [4, 0]], True, True]
+  assert g.grain.__name__.startswith("grain") and l.grain.__name__.startswith("loader")
