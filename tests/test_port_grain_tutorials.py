@@ -14,7 +14,6 @@ counts and shapes; everything else is compared exactly.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from tests import porting
 from tests.porting import plain, same_multiset, structure

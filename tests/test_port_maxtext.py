@@ -23,8 +23,6 @@ must resume the same stream (loader: also with another worker count).
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
