@@ -117,14 +117,14 @@ def _process_file(directory: Any) -> Any:
   return directory / f"process_{index}-of-{count}.json"
 
 
-def _state_text(iterator: Any) -> str:
+def state_text(iterator: Any) -> str:
   state = iterator.get_state()
   if isinstance(state, (bytes, bytearray)):
     return state.decode()
   return json.dumps(state, indent=4)
 
 
-def _set_state_text(iterator: Any, text: str) -> None:
+def set_state_text(iterator: Any, text: str) -> None:
   # The iterator's own state type says how to read the file: DataLoader
   # iterators take JSON bytes, dataset iterators a dict.
   if isinstance(iterator.get_state(), (bytes, bytearray)):
@@ -147,6 +147,22 @@ async def background_load(directory: Any, set_state_fn: Callable[[str], None]) -
   set_state_fn(await asyncio.to_thread(path.read_text))
 
 
+class OrbaxCheckpointable:
+  """Orbax v1's StatefulCheckpointable protocol, as Grain's iterators have it.
+
+  Orbax calls `save`/`load` and runs the returned coroutines in a background
+  thread; the state is taken when `save` is called.
+  """
+
+  async def save(self, directory: Any) -> Any:
+    """A coroutine writing this state to `directory`/process_<i>-of-<n>.json."""
+    return background_save(directory, state_text(self))
+
+  async def load(self, directory: Any) -> Any:
+    """A coroutine restoring the state that `save` wrote under `directory`."""
+    return background_load(directory, lambda text: set_state_text(self, text))
+
+
 class CheckpointHandler:
   """Orbax `CheckpointHandler` for loader (and Grain) iterators.
 
@@ -157,7 +173,7 @@ class CheckpointHandler:
   def save(self, directory: Any, item: Any = None, args: Any = None) -> None:
     """Writes `item`'s (or `args.item`'s) state to this process's file in `directory`."""
     item = item if item is not None else args.item
-    _process_file(directory).write_text(_state_text(item))
+    _process_file(directory).write_text(state_text(item))
 
   def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:
     """Sets `item` (or `args.item`) to the state saved in `directory`; returns it."""
@@ -165,7 +181,7 @@ class CheckpointHandler:
     path = _process_file(directory)
     if not path.exists():
       raise ValueError(f"No iterator state for this process: {path} does not exist.")
-    _set_state_text(item, path.read_text())
+    set_state_text(item, path.read_text())
     start = getattr(item, "start_prefetch", None)
     if start is not None:
       start()

@@ -51,9 +51,7 @@ def resolve_fn(transform: Any, method: str, what: str) -> Callable[..., Any]:
   fn = getattr(transform, method, None)
   if callable(fn) and not isinstance(transform, type):
     return fn
-  if isinstance(transform, type):
-    raise TypeError(f"{what} expects an instance or a callable, not the class {transform.__name__}; "
-                    f"did you mean {transform.__name__}()?")
+  # A class is a callable too (Grain maps e.g. `ParquetIterDataset` over paths).
   if callable(transform):
     return transform
   raise TypeError(f"{what} expects a callable or an object with a .{method}() method (got {transform!r}).")

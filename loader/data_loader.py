@@ -252,7 +252,7 @@ def _decode(state: Any) -> dict[str, Any]:
   return state
 
 
-class DataLoaderIterator(collections.abc.Iterator):
+class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Iterator):
   """Iterator of a `DataLoader`, with Grain's bytes get_state()/set_state().
 
   Close it (or use it as a context manager) to stop worker processes early.

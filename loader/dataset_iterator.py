@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
+from loader import checkpoint
 from loader import state as state_lib
 
 T = TypeVar("T")
@@ -91,7 +92,7 @@ def _wrap_set_state(fn):
   return set_state
 
 
-class DatasetIterator(abc.ABC, Iterator[T]):
+class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
   """Iterator with checkpointable state, like Grain's `DatasetIterator`.
 
   Use it as a context manager (or call `close()`) to release threads and
