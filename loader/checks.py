@@ -6,12 +6,11 @@ come out of numpy code); bools are rejected (True as a batch size is a bug).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-from loader import permutation
 
 MAX_SEED = 2**32 - 1
 
@@ -42,6 +41,13 @@ def check_seed(seed: Any, what: str = "seed") -> int:
   return int(seed)
 
 
+# Base classes of Grain's (and loader's) transform objects: a subclass passed
+# uninstantiated is a mistake, not a constructor to call per element.
+_TRANSFORM_BASES = frozenset({
+    "Map", "RandomMap", "TfRandomMap", "Filter", "FlatMap", "MapWithIndex", "MapTransform",
+    "RandomMapTransform", "FilterTransform", "FlatMapTransform", "MapWithIndexTransform", "Transformation"})
+
+
 def resolve_fn(transform: Any, method: str, what: str) -> Callable[..., Any]:
   """A callable, or the `method` of a Grain-style transform object.
 
@@ -51,7 +57,10 @@ def resolve_fn(transform: Any, method: str, what: str) -> Callable[..., Any]:
   fn = getattr(transform, method, None)
   if callable(fn) and not isinstance(transform, type):
     return fn
-  # A class is a callable too (Grain maps e.g. `ParquetIterDataset` over paths).
+  if isinstance(transform, type) and any(c.__name__ in _TRANSFORM_BASES for c in transform.__mro__[1:]):
+    raise TypeError(f"{what} expects an instance or a callable, not the class {transform.__name__}; "
+                    f"did you mean {transform.__name__}()?")
+  # Any other class is a callable too (Grain maps e.g. `ParquetIterDataset` over paths).
   if callable(transform):
     return transform
   raise TypeError(f"{what} expects a callable or an object with a .{method}() method (got {transform!r}).")
@@ -65,16 +74,43 @@ def fn_name(fn: Callable[..., Any]) -> str:
   return getattr(fn, "__qualname__", None) or type(fn).__qualname__
 
 
-def derive_seed(base: int, depth: int) -> int:
-  """The seed of the random op `depth` steps below a `seed(base)` call.
+def default_seed(parent: Any) -> int | None:
+  """The seed of a random op added on top of `parent`, from upstream `seed()` calls.
 
-  Distinct per position in the pipeline, so two shuffles do not coincide.
+  Grain's derivation: the (seed, distance from the op) pairs of the nearest
+  `seed()` calls up each branch, hashed with a SeedSequence. Distinct per
+  position in the pipeline, so two shuffles do not coincide, and
+  `ds.seed(s).random_map(f)` draws what it draws on Grain (where the two
+  pipelines have the same shape).
   """
-  return permutation.splitmix64((base << 16) ^ depth) & MAX_SEED
+  aggregated: list[int] = []
+  to_visit = [(parent, 1)]
+  while to_visit:
+    node, depth = to_visit.pop(0)
+    seed = getattr(node, "_seed_rng_seed", None)
+    if seed is not None:
+      aggregated.extend((seed, depth))
+    else:
+      to_visit.extend((p, depth + 1) for p in getattr(node, "parents", ()) or ())
+  if not aggregated:
+    return None
+  return int(np.random.SeedSequence(aggregated).generate_state(1, dtype=np.uint32)[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _philox_key(seed: int) -> int:
+  # Philox(seed) hashes the seed into a key through a SeedSequence, which is
+  # slow; the key is all a per-element generator needs.
+  key = np.random.Philox(seed).state["state"]["key"]
+  return int(key[0]) | (int(key[1]) << 64)
 
 
 def element_rng(seed: int, index: int) -> np.random.Generator:
-  """The random generator of the element at `index` (epochs included)."""
-  # The index sits in the counter's top 64 bits: Philox increments the low
-  # word, so each element gets its own 2**192-block stream, no overlaps.
-  return np.random.Generator(np.random.Philox(key=seed, counter=int(index) << 192))
+  """The random generator of the element at `index` (epochs included).
+
+  The same generator as Grain's `random_map` (`Philox(seed)` with the counter
+  set to `[0, 0, 0, index]`), so random maps draw the same values as on Grain.
+  The index sits in the counter's top word: Philox increments the low word,
+  so each element gets its own 2**192-block stream, no overlaps.
+  """
+  return np.random.Generator(np.random.Philox(key=_philox_key(seed), counter=int(index) << 192))

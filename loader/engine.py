@@ -26,6 +26,7 @@ import numpy as np
 from loader import checks
 from loader import dataset_iterator
 from loader import map_dataset as map_dataset_lib
+from loader import source as source_lib
 from loader import state as state_lib
 
 T = TypeVar("T")
@@ -198,20 +199,26 @@ def reading_threads(num_threads: int) -> int:
   return max(1, min(num_threads, os.cpu_count() or 1))
 
 
-class ThreadChunkProducer:
-  """Computes chunks ahead in a thread pool; hands them out in order.
+def _compute_reading_in_parallel(threads: int, ds: map_dataset_lib.MapDataset, start: int, stop: int):
+  with source_lib.parallel_reads(threads):
+    return timed_compute_chunk(ds, start, stop)
 
-  Reads release the GIL, so on several cores chunks are read in parallel;
-  on any machine the computation overlaps with the consumer's work (a
-  training step). At most `threads + 1` chunks are in flight, and at most
-  about `buffer_size` elements beyond the first chunk.
+
+class ThreadChunkProducer:
+  """Computes chunks ahead in a background thread; hands them out in order.
+
+  One thread computes the chunks (so a map never contends with itself for the
+  GIL) while the consumer works (a training step releases the GIL); within a
+  chunk, reads that touch several files run on up to `num_threads` threads
+  (capped at the cores), since ArrayRecord reads release the GIL. At most two
+  chunks, and about `buffer_size` elements beyond the first, are ahead.
   """
 
   def __init__(self, ds: map_dataset_lib.MapDataset, chunk_size: int | None, num_threads: int, buffer_size: int):
     self._ds = ds
     self._len = len(ds)
     self._threads = reading_threads(num_threads)
-    self._sizer = ChunkSizer(ds, chunk_size, parallelism=self._threads)
+    self._sizer = ChunkSizer(ds, chunk_size)
     self._buffer_size = max(1, buffer_size)
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
     self._pending: collections.deque[tuple[int, int, concurrent.futures.Future]] = collections.deque()
@@ -226,17 +233,18 @@ class ThreadChunkProducer:
 
   def start(self) -> None:
     if self._pool is None:
-      self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="loader-read")
+      self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader-compute")
       self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
     self._top_up()
 
   def _top_up(self) -> None:
     in_flight = sum(stop - start for start, stop, _ in self._pending)
-    while (len(self._pending) <= self._threads and self._next_submit < self._len
+    while (len(self._pending) < 2 and self._next_submit < self._len
            and (not self._pending or in_flight < self._buffer_size)):
       start = self._next_submit
       stop = min(start + self._sizer.size(start), self._len)
-      self._pending.append((start, stop, self._pool.submit(timed_compute_chunk, self._ds, start, stop)))
+      fut = self._pool.submit(_compute_reading_in_parallel, self._threads, self._ds, start, stop)
+      self._pending.append((start, stop, fut))
       in_flight += stop - start
       self._next_submit = stop
 

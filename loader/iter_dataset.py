@@ -126,14 +126,17 @@ class IterDataset(abc.ABC, Generic[T]):
   def random_map(self, transform: Callable[[T, np.random.Generator], S], *, seed: int | None = None) -> IterDataset[S]:
     """Applies `transform(element, rng)`; rng depends only on the seed and the element's position."""
     fn = checks.resolve_fn(transform, "random_map", "random_map()")
-    base = self._random_access()
-    if base is not None and not base.map_dataset._may_contain_none:  # pylint: disable=protected-access
-      return base.rebase(base.map_dataset.random_map(fn, seed=seed))
     if seed is None:
-      seed = sequential.default_seed(self)
+      # Derived from this stream's shape (as Grain does), before any folding.
+      seed = checks.default_seed(self)
       if seed is None:
         raise ValueError("random_map() needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
-    return sequential.RandomMapIterDataset(self, fn, checks.check_seed(seed, "random_map()"))
+    seed = checks.check_seed(seed, "random_map()")
+    base = self._random_access()
+    if base is not None and not base.map_dataset._may_contain_none:  # pylint: disable=protected-access
+      # Stream position == MapDataset index here, so the generators are Grain's.
+      return base.rebase(base.map_dataset.random_map(fn, seed=seed))
+    return sequential.RandomMapIterDataset(self, fn, seed)
 
   def map_with_index(self, transform: Callable[[int, T], S]) -> IterDataset[S]:
     """Applies `transform(index, element)`, index = position in this stream."""

@@ -361,6 +361,7 @@ class _WithSeedMapDataset(MapDataset[T]):
   def __init__(self, parent: MapDataset[T], seed: int):
     super().__init__(parent)
     self._seed = seed
+    self._seed_rng_seed = seed  # Grain's name; downstream ops derive theirs from it.
 
   def __len__(self) -> int:
     return len(self._parent)
@@ -379,15 +380,10 @@ class _WithSeedMapDataset(MapDataset[T]):
 def _seed_or_default(ds: MapDataset, seed: int | None, what: str) -> int:
   if seed is not None:
     return _check_seed(seed, what)
-  base = ds._default_seed  # pylint: disable=protected-access
-  if base is None:
+  derived = checks.default_seed(ds)
+  if derived is None:
     raise ValueError(f"{what} needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
-  # Distinct per position in the pipeline so two shuffles do not coincide.
-  depth, node = 0, ds
-  while not isinstance(node, _WithSeedMapDataset):
-    depth += 1
-    node = node._parent  # pylint: disable=protected-access
-  return checks.derive_seed(base, depth)
+  return derived
 
 
 class ShuffleMapDataset(MapDataset[T]):

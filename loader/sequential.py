@@ -283,21 +283,6 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
     super().close()
 
 
-def default_seed(ds: Any) -> int | None:
-  """The seed set by the nearest upstream `seed()` call, derived per position like MapDataset's."""
-  depth, node = 0, ds
-  while node is not None:
-    if isinstance(node, WithSeedIterDataset):
-      return checks.derive_seed(node.seed, depth)
-    base_seed = getattr(node, "_default_seed", None)
-    if isinstance(base_seed, int):
-      return checks.derive_seed(base_seed, depth)
-    parents = getattr(node, "parents", ())
-    node = parents[0] if parents else None
-    depth += 1
-  return None
-
-
 class WithSeedIterDataset(SequentialIterDataset[T]):
   """Holds the default seed of downstream random operations."""
 
@@ -306,6 +291,7 @@ class WithSeedIterDataset(SequentialIterDataset[T]):
   def __init__(self, parent: IterDataset[T], seed: int):
     super().__init__(parent)
     self.seed = seed
+    self._seed_rng_seed = seed  # Grain's name; downstream ops derive theirs from it.
 
   def _op_repr(self) -> str:
     return f".seed({self.seed})"

@@ -11,13 +11,14 @@ read amortises it (and releases the GIL).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import glob
 import os
 import re
 import struct
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, SupportsIndex, TypeVar, runtime_checkable
 
 import numpy as np
@@ -266,6 +267,31 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
   return files
 
 
+_parallel = threading.local()
+_pool_lock = threading.Lock()
+_pool: tuple[int, int, concurrent.futures.ThreadPoolExecutor] | None = None  # (pid, size, pool)
+
+
+@contextlib.contextmanager
+def parallel_reads(threads: int) -> Iterator[None]:
+  """Within this block (in this thread), a read touching several files reads them with `threads` threads."""
+  previous = getattr(_parallel, "threads", 1)
+  _parallel.threads = threads
+  try:
+    yield
+  finally:
+    _parallel.threads = previous
+
+
+def _read_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+  global _pool
+  with _pool_lock:
+    if _pool is None or _pool[0] != os.getpid() or _pool[1] < threads:
+      # One pool per process (a forked child must not use the parent's).
+      _pool = (os.getpid(), threads, concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="loader-read"))
+    return _pool[2]
+
+
 class ArrayRecordSource:
   """Random access to the records of one or more ArrayRecord files.
 
@@ -464,9 +490,16 @@ class ArrayRecordSource:
     order = np.argsort(file_ids, kind="stable")
     sorted_ids = file_ids[order]
     bounds = np.flatnonzero(np.diff(sorted_ids)) + 1
+    groups = np.split(order, bounds)
+    read_group = lambda group: self._read_file(int(file_ids[group[0]]), local[group].tolist())
+    threads = getattr(_parallel, "threads", 1)
+    if threads > 1 and len(groups) > 1:
+      # ArrayRecordReader.read releases the GIL: files are read side by side.
+      results = list(_read_pool(threads).map(read_group, groups))
+    else:
+      results = map(read_group, groups)
     out = np.empty(n, dtype=object)
-    for group in np.split(order, bounds):
-      records = self._read_file(int(file_ids[group[0]]), local[group].tolist())
+    for group, records in zip(groups, results):
       # Filling an object array from a list of bytes keeps each bytes object.
       placed = np.empty(len(records), dtype=object)
       placed[:] = records
