@@ -4,9 +4,9 @@ A chunk of elements is pickled with protocol 5: numpy arrays hand their
 memory out of band, so the pickle stream itself holds only structure (and
 small or object payloads such as bytes). Stream and array buffers are copied
 into one POSIX shared-memory segment; only its name travels through the pipe.
-The receiver copies the segment into process memory once, unlinks it, and
-unpickles with arrays pointing into that copy (so they are ordinary writable
-arrays with no tie to the segment's lifetime).
+The receiver maps the segment, unlinks it at once, and unpickles with arrays
+pointing into the mapping: no copy in the consumer, and nothing left in
+/dev/shm; the memory is freed when the last array using it is.
 
 Ownership: a segment belongs to the creating worker until the consumer has
 received its descriptor; the consumer unlinks every segment it receives,
@@ -16,10 +16,14 @@ consumer can sweep leftovers of a crashed worker from /dev/shm.
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
+from multiprocessing import resource_tracker
 from multiprocessing import shared_memory
 from typing import Any
+
+import _posixshmem  # The POSIX shm calls SharedMemory uses, without its copy-on-close rules.
 
 _INLINE_LIMIT = 64 << 10  # Smaller payloads go through the pipe directly.
 _ALIGN = 64
@@ -59,20 +63,31 @@ def encode(obj: Any, name: str) -> tuple:
 
 
 def decode(desc: tuple) -> Any:
-  """Inverse of `encode`; unlinks the segment."""
+  """Inverse of `encode`; unlinks the segment.
+
+  Arrays are not copied: they point into a private mapping of the segment,
+  which is unlinked at once (nothing is left in /dev/shm) and unmapped when
+  the last array using it is freed.
+  """
   if desc[0] == "inline":
     _, data, raws = desc
     return pickle.loads(data, buffers=[bytearray(r) for r in raws])
   _, name, data_len, layout, size = desc
-  shm = shared_memory.SharedMemory(name=name)
-  try:
-    local = bytearray(size)
-    local[:] = shm.buf[:size]
-  finally:
-    shm.close()
-    _unlink(shm)
-  view = memoryview(local)
+  view = _map_and_unlink(name, size)
   return pickle.loads(view[:data_len], buffers=[view[o:o + n] for o, n in layout])
+
+
+def _map_and_unlink(name: str, size: int) -> memoryview:
+  path = "/" + name  # SharedMemory's POSIX name for `name`.
+  fd = _posixshmem.shm_open(path, os.O_RDWR, mode=0o600)
+  try:
+    mapping = mmap.mmap(fd, size)
+  finally:
+    os.close(fd)
+  _posixshmem.shm_unlink(path)
+  # The worker's SharedMemory registered the segment; it is gone now.
+  resource_tracker.unregister(path, "shared_memory")
+  return memoryview(mapping)
 
 
 def segment_name(desc: tuple) -> str | None:
