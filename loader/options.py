@@ -54,7 +54,7 @@ class ReadOptions:
       (Grain's default, 500); at least one chunk is always in flight.
     chunk_size: Source records (elements before any batching) per batched
       call. None adapts it: small first chunks for a fast first batch, then
-      up to ~8192 records, fewer when elements are slow (~50 ms of work per
+      up to ~16k records, fewer when elements are slow (~50 ms of work per
       chunk) or large (~32 MiB per chunk). Not in Grain.
   """
 

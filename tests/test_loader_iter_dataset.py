@@ -231,7 +231,7 @@ def test_chunk_sizes_ramp_up_and_adapt_to_cost_bytes_and_workers():
   sizer = engine.ChunkSizer(records.batch(256), None)
   assert [sizer.size(0) for _ in range(3)] == [1, 4, 16]  # Small first chunks, then 4x.
   sizer.observe([np.zeros(256, np.int64)], seconds=1e-4)
-  assert sizer.size(0) == 32 and sizer.size(0) == 32  # Up to ~8192 records per call.
+  assert sizer.size(0) == 64 and sizer.size(0) == 64  # Up to ~16k records per call.
   slow = engine.ChunkSizer(records, None)
   for _ in range(5):
     slow.size(0)
