@@ -232,10 +232,13 @@ class _WorkerPool:
     self.load = [0] * self.num_workers  # Elements outstanding per worker.
     self._released: list[list[str]] = [[] for _ in range(self.num_workers)]
     self.error: BaseException | None = None
+    self._attached = 0
     self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash)
 
   def register(self, ds: map_lib.MapDataset) -> int:
+    """Adds a part; the pool stops when every registered part has detached."""
     self.leaves.append(ds)
+    self._attached += 1
     leaf = len(self.leaves) - 1
     if self.procs:
       payload = _dumps(ds)
@@ -243,13 +246,11 @@ class _WorkerPool:
         self._send(w, ("add", payload))
     return leaf
 
-  @property
-  def started(self) -> bool:
-    return bool(self.procs)
-
   def start(self) -> None:
     if self.procs:
       return
+    if not self._finalizer.alive:
+      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
     payload = _dumps((list(self.leaves), self.worker_init_fn))
     ctx = multiprocessing.get_context("spawn")
     with _without_main_module():
@@ -266,8 +267,7 @@ class _WorkerPool:
 
   def restart(self) -> None:
     """Stops the workers (after an interrupt mid-message); the next start() makes new ones."""
-    _shutdown(self.procs, self.conns, self.prefix, self._stash)
-    self._stash = [[] for _ in range(self.num_workers)]
+    _shutdown(self.procs, self.conns, self.prefix, self._stash)  # Empties the stashes in place.
     self._released = [[] for _ in range(self.num_workers)]
     self.load = [0] * self.num_workers
     self.restarts += 1
@@ -334,6 +334,12 @@ class _WorkerPool:
     if name is not None:
       self._released[w].append(name)
 
+  def detach(self) -> None:
+    """A part is done (e.g. an exhausted input of an interleave); the last one stops the pool."""
+    self._attached -= 1
+    if self._attached <= 0:
+      self.close()
+
   def close(self) -> None:
     self._finalizer()
 
@@ -362,6 +368,7 @@ class MultiprocessChunkProducer:
     self._next_request = 0
     self._next_consume = 0
     self._local_first = pool.worker_init_fn is None
+    self._detached = False
 
   def start(self) -> None:
     """Starts the workers and sends them this part's first chunks."""
@@ -475,8 +482,10 @@ class MultiprocessChunkProducer:
     return error
 
   def close(self) -> None:
-    self.reset(self._len)
-    self._pool.close()
+    if not self._detached:
+      self._detached = True
+      self.reset(self._len)
+      self._pool.detach()
 
 
 class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):

@@ -354,3 +354,17 @@ def test_all_parts_of_a_mixture_share_one_pool_of_workers():
     assert len(_loader_workers()) == 2  # Not 2 per part.
     out += list(it)
   assert_streams_equal(out, reference)
+
+
+def test_closing_one_part_keeps_the_shared_pool_for_the_others():
+  M = loader.MapDataset
+  opts = loader.MultiprocessingOptions(num_workers=2)
+  ds = loader.IterDataset.mix([M.range(50).to_iter_dataset(), M.range(50, 100).to_iter_dataset()]).mp_prefetch(opts)
+  with iter(ds) as it:
+    take(it, 4)
+    first, second = it._parents  # The mixture's two MapDataset parts, sharing one pool.
+    first.close()
+    pids = [p.pid for p in _loader_workers()]
+    assert len(pids) == 2
+    assert next(second) is not None  # Still served by the shared workers.
+  assert not _wait_dead(pids, timeout=10)  # The last part to close stops the pool.
