@@ -55,11 +55,8 @@ def _wrap_get_state(fn):
   def get_state(self):
     if _depth():
       return fn(self)
-    _local.depth = 1
-    try:
+    with parent_calls():
       state = fn(self)
-    finally:
-      _local.depth = 0
     description = self._state_description()  # pylint: disable=protected-access
     return state if description is None else state_lib.stamp(state, description)
 
@@ -82,11 +79,12 @@ def _wrap_set_state(fn):
       else:
         self._check_foreign_state(state)  # pylint: disable=protected-access
         foreign = True
-    _local.depth, _local.foreign = 1, foreign
+    _local.foreign = foreign
     try:
-      return fn(self, state)
+      with parent_calls():
+        return fn(self, state)
     finally:
-      _local.depth, _local.foreign = 0, False
+      _local.foreign = False
 
   set_state._loader_wrapped = True  # pylint: disable=protected-access
   return set_state
