@@ -36,21 +36,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 S = TypeVar("S")
 
-_MAX_SEED = checks.MAX_SEED
-
-
-def _check_seed(seed: Any, what: str) -> int:
-  return checks.check_seed(seed, what)
-
-
-def _check_positive_int(value: Any, name: str) -> int:
-  return checks.check_int(value, name, minimum=1)
-
-
-_resolve_fn = checks.resolve_fn
-_fn_name = checks.fn_name
-
-
 class MapDataset(abc.ABC, Generic[T]):
   """A dataset with a length and random access, like Grain's `MapDataset`.
 
@@ -201,7 +186,7 @@ class MapDataset(abc.ABC, Generic[T]):
     Each such transformation derives its own seed from `seed` and its distance
     from this call in the pipeline.
     """
-    return _WithSeedMapDataset(self, _check_seed(seed, "seed()"))
+    return _WithSeedMapDataset(self, checks.check_seed(seed, "seed()"))
 
   def shuffle(self, seed: int | None = None) -> MapDataset[T]:
     """Globally shuffles, with a new permutation in every epoch.
@@ -262,11 +247,11 @@ class MapDataset(abc.ABC, Generic[T]):
 
   def map(self, transform: Callable[[T], S]) -> MapDataset[S]:
     """Applies `transform` to every element (filtered-out Nones stay None)."""
-    return MapMapDataset(self, _resolve_fn(transform, "map", "map()"))
+    return MapMapDataset(self, checks.resolve_fn(transform, "map", "map()"))
 
   def map_with_index(self, transform: Callable[[int, T], S]) -> MapDataset[S]:
     """Applies `transform(index, element)`; index includes the epoch offset."""
-    return MapWithIndexMapDataset(self, _resolve_fn(transform, "map_with_index", "map_with_index()"))
+    return MapWithIndexMapDataset(self, checks.resolve_fn(transform, "map_with_index", "map_with_index()"))
 
   def random_map(self, transform: Callable[[T, np.random.Generator], S], *, seed: int | None = None) -> MapDataset[S]:
     """Applies `transform(element, rng)` with a per-element random generator.
@@ -274,7 +259,7 @@ class MapDataset(abc.ABC, Generic[T]):
     The generator depends only on `seed` and the element's index (epoch
     included), so results do not depend on iteration order, threads or workers.
     """
-    return RandomMapMapDataset(self, _resolve_fn(transform, "random_map", "random_map()"), seed=seed)
+    return RandomMapMapDataset(self, checks.resolve_fn(transform, "random_map", "random_map()"), seed=seed)
 
   def filter(self, predicate: Callable[[T], bool]) -> MapDataset[T]:
     """Keeps elements where `predicate` is true; others become None.
@@ -283,7 +268,7 @@ class MapDataset(abc.ABC, Generic[T]):
     `batch` cannot follow `filter` on a MapDataset: use
     `.to_iter_dataset().batch(...)`.
     """
-    return FilterMapDataset(self, _resolve_fn(predicate, "filter", "filter()"))
+    return FilterMapDataset(self, checks.resolve_fn(predicate, "filter", "filter()"))
 
   def batch(self, batch_size: int, *, drop_remainder: bool = False,
             batch_fn: Callable[[Sequence[T]], S] | None = None) -> MapDataset[S]:
@@ -379,7 +364,7 @@ class _WithSeedMapDataset(MapDataset[T]):
 
 def _seed_or_default(ds: MapDataset, seed: int | None, what: str) -> int:
   if seed is not None:
-    return _check_seed(seed, what)
+    return checks.check_seed(seed, what)
   derived = checks.default_seed(ds)
   if derived is None:
     raise ValueError(f"{what} needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
@@ -441,7 +426,7 @@ class RepeatMapDataset(MapDataset[T]):
   def __init__(self, parent: MapDataset[T], num_epochs: int | None = None, *, reseed_each_epoch: bool = True):
     super().__init__(parent)
     if num_epochs is not None:
-      num_epochs = _check_positive_int(num_epochs, "num_epochs")
+      num_epochs = checks.check_int(num_epochs, "num_epochs", minimum=1)
     self._parent_len = len(parent)
     if _infinite(self._parent_len):
       raise ValueError(f"Cannot repeat an infinite dataset: {parent!r}")
@@ -504,7 +489,7 @@ class MapMapDataset(MapDataset[S]):
     return len(self._parent)
 
   def _op_repr(self) -> str:
-    return f".map({_fn_name(self._fn)})"
+    return f".map({checks.fn_name(self._fn)})"
 
   def _state_op(self) -> str:
     return "map"  # Not the function's name: a renamed function may resume.
@@ -527,7 +512,7 @@ class MapWithIndexMapDataset(MapDataset[S]):
     return len(self._parent)
 
   def _op_repr(self) -> str:
-    return f".map_with_index({_fn_name(self._fn)})"
+    return f".map_with_index({checks.fn_name(self._fn)})"
 
   def _state_op(self) -> str:
     return "map_with_index"
@@ -550,7 +535,7 @@ class RandomMapMapDataset(MapDataset[S]):
     return len(self._parent)
 
   def _op_repr(self) -> str:
-    return f".random_map({_fn_name(self._fn)}, seed={self._seed})"
+    return f".random_map({checks.fn_name(self._fn)}, seed={self._seed})"
 
   def _state_op(self) -> str:
     return f"random_map(seed={self._seed})"
@@ -579,7 +564,7 @@ class FilterMapDataset(MapDataset[T]):
     return len(self._parent)
 
   def _op_repr(self) -> str:
-    return f".filter({_fn_name(self._fn)})"
+    return f".filter({checks.fn_name(self._fn)})"
 
   def _state_op(self) -> str:
     return "filter"
@@ -601,7 +586,7 @@ class BatchMapDataset(MapDataset[S]):
   def __init__(self, parent: MapDataset[T], batch_size: int, *, drop_remainder: bool = False,
                batch_fn: Callable[[Sequence[T]], S] | None = None):
     super().__init__(parent)
-    self._batch_size = _check_positive_int(batch_size, "batch_size")
+    self._batch_size = checks.check_int(batch_size, "batch_size", minimum=1)
     if parent._may_contain_none:
       raise ValueError(
           "MapDataset.batch cannot follow filter(): filtered-out elements would "
