@@ -287,8 +287,6 @@ def _read_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
   global _pool
   with _pool_lock:
     if _pool is None or _pool[0] != os.getpid() or _pool[1] < threads:
-      if _pool is not None and _pool[0] == os.getpid():
-        _pool[2].shutdown(wait=False)  # Replaced by a larger one; running reads finish.
       # One pool per process (a forked child must not use the parent's).
       _pool = (os.getpid(), threads, concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="loader-read"))
     return _pool[2]
