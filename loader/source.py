@@ -287,7 +287,9 @@ def _read_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
   global _pool
   with _pool_lock:
     if _pool is None or _pool[0] != os.getpid() or _pool[1] < threads:
-      # One pool per process (a forked child must not use the parent's).
+      # One pool per process (a forked child must not use the parent's). A
+      # smaller pool it replaces is left to finish: another thread may still
+      # be handing it reads.
       _pool = (os.getpid(), threads, concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="loader-read"))
     return _pool[2]
 
