@@ -209,7 +209,7 @@ def _child_loop_reader(spec: dict, core: bool) -> dict:
   import apache_beam.io.filesystems  # pylint: disable=unused-import
   from array_record.python.array_record_module import ArrayRecordWriter
   from converter import writer as ar_writer
-  from converter.manifest import RecordDigest
+  from converter.manifest import RecordDigest, write_digested
   from converter.naming import output_basename
   from converter.tfrecord import TFRecordReader
   import_s = time.monotonic() - t_imp
@@ -218,13 +218,8 @@ def _child_loop_reader(spec: dict, core: bool) -> dict:
     for path in spec["files"]:
       out = os.path.join(spec["out"], output_basename(os.path.basename(path)))
       if core:  # What _ConvertShardFn.process does for one shard, minus Beam.
-        digest = RecordDigest()
-        update = digest.update
         with ar_writer.ArrayRecordShardWriter(out, WRITER_OPTIONS) as w:
-          write = w.write
-          for record in TFRecordReader(path):
-            write(record)
-            update(record)
+          write_digested(TFRecordReader(path), w.write, RecordDigest())
           w.commit()
       else:
         w = ArrayRecordWriter(out, WRITER_OPTIONS)

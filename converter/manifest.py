@@ -11,7 +11,8 @@ import os
 import shutil
 import struct
 import tempfile
-from typing import Any, Iterable
+from itertools import islice
+from typing import Any, Callable, Iterable
 
 import xxhash
 
@@ -21,10 +22,12 @@ from loader.ondisk import MANIFEST_FORMAT, MANIFEST_NAME, ManifestError, manifes
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_NAME", "ManifestError", "RecordDigest",
            "array_record_digest", "build_manifest", "manifest_path", "read_manifest",
-           "write_manifest"]
+           "write_digested", "write_manifest"]
 
 _LEN = struct.Struct("<Q")
 _READ_BLOCK = 1024
+# Records per batch in write_digested (see there).
+_WRITE_BATCH = 256
 
 
 class RecordDigest:
@@ -40,11 +43,31 @@ class RecordDigest:
     self.records += 1
 
   def update_many(self, records: Iterable[bytes]) -> None:
+    update, pack, n = self._h.update, _LEN.pack, 0
     for r in records:
-      self.update(r)
+      update(pack(len(r)))
+      update(r)
+      n += 1
+    self.records += n
 
   def hexdigest(self) -> str:
     return "xxh3_64:" + self._h.hexdigest()
+
+
+def write_digested(records: Iterable[bytes], write: Callable[[bytes], Any],
+                   digest: RecordDigest) -> None:
+  """Writes every record, in order, and adds each to the digest.
+
+  A batch is written and then hashed: alternating per record costs ~10% more
+  CPU, because zstd's tables and the bytes being hashed (and the reader's
+  buffer) keep evicting each other from the cache; in batches the whole copy
+  is slightly cheaper than a bare read-and-write loop (bench/convert.py).
+  """
+  it = iter(records)
+  while batch := list(islice(it, _WRITE_BATCH)):
+    for record in batch:
+      write(record)
+    digest.update_many(batch)
 
 
 def array_record_digest(path: str) -> tuple[int, str]:

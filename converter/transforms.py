@@ -68,15 +68,11 @@ class _ConvertShardFn(beam.DoFn):
     opts = self._options
     reader = TFRecordReader(plan.input, compression=opts.compression, on_corrupt=opts.on_corrupt)
     digest = RecordDigest()
-    update = digest.update
     start = time.monotonic()
     try:
       with _writer.ArrayRecordShardWriter(plan.output, opts.writer_options,
                                           expect=plan.replaces) as w:
-        write = w.write
-        for record in reader:
-          write(record)
-          update(record)
+        _manifest.write_digested(reader, w.write, digest)
         bytes_out = w.commit()
     except CorruptRecordError as e:
       if opts.on_corrupt == "fail":
