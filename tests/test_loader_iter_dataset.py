@@ -229,17 +229,17 @@ def test_error_leaves_state_at_the_failing_element_and_next_retries(stage):
 def test_chunk_sizes_ramp_up_and_adapt_to_cost_bytes_and_workers():
   records = loader.MapDataset.range(1_000_000)
   sizer = engine.ChunkSizer(records.batch(256), None)
-  assert [sizer.size(0) for _ in range(3)] == [1, 4, 16]  # Small first chunks, then 4x.
+  assert [sizer.size(0) for _ in range(4)] == [1, 4, 16, 64]  # Small first chunks, then 4x.
   sizer.observe([np.zeros(256, np.int64)], seconds=1e-4)
-  assert sizer.size(0) == 64 and sizer.size(0) == 64  # Up to ~16k records per call.
+  assert sizer.size(0) == 128 and sizer.size(0) == 128  # Up to ~32k records per call.
   slow = engine.ChunkSizer(records, None)
   for _ in range(5):
     slow.size(0)
-  slow.observe([0] * 10, seconds=1.0)  # 100 ms per element: ~50 ms chunks, i.e. 1.
+  slow.observe([0] * 10, seconds=1.0)  # 100 ms per element: ~0.1 s chunks, i.e. 1.
   assert slow.size(0) == 1
   big = engine.ChunkSizer(records, None)
-  big.observe([np.zeros(4 << 20, np.uint8)])  # 4 MiB elements: ~32 MiB per chunk.
-  assert max(big.size(0) for _ in range(6)) == 8
+  big.observe([np.zeros(4 << 20, np.uint8)])  # 4 MiB elements: ~64 MiB per chunk.
+  assert max(big.size(0) for _ in range(6)) == 16
   # A 40-element dataset spread over 4 workers: no chunk takes more than a fair share.
   small = engine.ChunkSizer(loader.MapDataset.range(40), None, parallelism=4)
   assert max(small.size(0) for _ in range(6)) == 5

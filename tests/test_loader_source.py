@@ -55,9 +55,15 @@ def test_read_issues_one_batched_call_per_file(files, monkeypatch):
       return self._reader.read(keys)
 
   monkeypatch.setattr(source_lib.ArrayRecordSource, "_reader", lambda self, i: Spy(real(self, i), i))
-  out = src.read([0, 6, 13, 1, 7, 14, 2])
-  assert [record_index(r) for r in out] == [0, 6, 13, 1, 7, 14, 2]
-  assert sorted(calls) == [(0, [0, 1, 2]), (1, [1, 2]), (2, [1, 2])]
+  wanted = [0, 6, 13, 1, 7, 14, 2, 13, -16]
+  out = src.read(wanted)
+  assert [record_index(r) for r in out] == [0, 6, 13, 1, 7, 14, 2, 13, 0]
+  # Each file is read once, in ascending record order (faster than shuffled), repeats kept.
+  assert sorted(calls) == [(0, [0, 0, 1, 2]), (1, [1, 2]), (2, [1, 1, 2])]
+  calls.clear()
+  with source_lib.parallel_reads(2):
+    assert [record_index(r) for r in src.read(wanted)] == [0, 6, 13, 1, 7, 14, 2, 13, 0]
+  assert sorted(calls) == [(0, [0, 0, 1, 2]), (1, [1, 2]), (2, [1, 1, 2])]
 
 
 def test_glob_directory_and_manifest_order(tmp_path):
