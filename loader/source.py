@@ -506,7 +506,9 @@ class ArrayRecordSource:
       results = list(_read_pool(threads).map(read_run, runs))
     else:
       results = list(map(read_run, runs))
-    records = results[0] if len(results) == 1 else [r for part in results for r in part]
+    records = results[0]
+    for part in results[1:]:
+      records += part
     out = np.empty(n, dtype=object)
     # Assigning into an object array from a list keeps each bytes object.
     out[order] = records
