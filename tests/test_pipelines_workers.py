@@ -174,3 +174,28 @@ def test_tfds_cli_has_the_same_flag():
   from pipelines import tfds_convert
   args, _ = tfds_convert._parser().parse_known_args(["--dataset_dir", "d", "--workers", "3"])
   assert args.workers == 3
+
+
+def test_workers_are_told_to_stop_before_any_is_waited_for(tfr, tmp_path, capsys, monkeypatch):
+  # Beam stops SDK worker processes one by one (~0.3 s each); ours sends every worker its
+  # end marker first, so they exit side by side.
+  from apache_beam.runners.portability.fn_api_runner import worker_handlers as wh
+  events = []
+  push, stop = wh.ControlConnection.push, wh.SubprocessSdkWorkerHandler.stop_worker
+
+  def spy_push(self, req):
+    if req is wh.BeamFnControlServicer._DONE_MARKER:  # pylint: disable=protected-access
+      events.append(("done", id(self)))
+    return push(self, req)
+
+  def spy_stop(self):
+    events.append(("stop", id(self)))
+    return stop(self)
+
+  monkeypatch.setattr(wh.ControlConnection, "push", spy_push)
+  monkeypatch.setattr(wh.SubprocessSdkWorkerHandler, "stop_worker", spy_stop)
+  _, pids = _convert(capsys, tfr, str(tmp_path / "out"), "--workers", "2")
+  assert len(pids) == 2
+  first_stop = next(i for i, (kind, _) in enumerate(events) if kind == "stop")
+  assert len({conn for kind, conn in events[:first_stop] if kind == "done"}) == 2, events
+  assert read_manifest(str(tmp_path / "out"))["shards"]
