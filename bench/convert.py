@@ -14,7 +14,7 @@ converter is, measured on one generated data set (default 8 shards, 1.3 GB):
     the system (Beam's worker processes too), so they do not move with load.
   speed-up with N workers: wall time of a forced 1-worker run (--workers 1) /
     that of the default run (--workers auto, which uses min(cores, shards)
-    worker processes on an input this large), Beam's ~4-5 s worker start-up
+    worker processes on an input this large), Beam's worker start-up and shutdown
     included. Target >= 1.5x on 2 cores at >= 1.2 GB.
 
 Systems, each in its own subprocess writing to a fresh directory:
@@ -605,7 +605,7 @@ def guidance(per_core_mb_s: float | None) -> list[str]:
       "the threads with --number_of_worker_harness_threads and raise --disk_size_gb for "
       "GB-sized shards.",
       "On one machine, --workers auto starts min(cores, shards) worker processes only when "
-      "the input is big enough to repay their ~4-5 s start-up (a few hundred MB on 2 "
+      "the input is big enough to repay their ~2.5 s of extra wall time (a few hundred MB on 2 "
       "cores); --workers N forces a count.",
   ]
 

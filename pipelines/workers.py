@@ -2,9 +2,10 @@
 
 Beam's DirectRunner converts in one process unless told
 `--direct_running_mode multi_processing --direct_num_workers N`. Worker
-processes pay off only on enough data: starting them costs about 4-5 s
-(measured by bench/convert.py), while one core converts about 33 MB/s with
-`group_size:1` (bound by ArrayRecordWriter's zstd per record). `auto` runs
+processes pay off only on enough data: they add about 2.5 s of wall time
+(measured by bench/convert.py), while one core converts about 70 MB of
+TFRecord input per second with `group_size:1` (bound by ArrayRecordWriter's
+zstd per record). `auto` runs
 min(cores, shards) workers when the estimate says that saves at least 10%,
 else converts in-process. Explicit Beam flags always win.
 
@@ -26,10 +27,11 @@ from typing import Sequence
 
 AUTO = "auto"
 # Measured on the 2-core benchmark machine (bench/convert.py): the wall time
-# that starting and stopping Beam's SDK worker processes adds, and what one
-# core converts with the default writer options.
-STARTUP_S = 4.5
-PER_CORE_MB_S = 33.0
+# that worker processes add (~1.6 s to start and stop Beam's SDK workers, plus
+# ~10% slower shards while they share the cores), and the input MB one core
+# converts per second with the default writer options.
+STARTUP_S = 2.5
+PER_CORE_MB_S = 70.0
 # Use workers only when they are estimated to save at least this fraction.
 MIN_SAVING = 0.10
 DIRECT_RUNNERS = ("directrunner", "direct", "switchingdirectrunner")
@@ -54,7 +56,7 @@ def add_flag(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
       "--workers", type=parse_workers, default=AUTO, metavar="N|auto",
       help="Local worker processes (DirectRunner). 'auto' (default): one per core, up to "
-      "one per shard, when the input is large enough for their ~4-5 s start-up to pay "
+      "one per shard, when the input is large enough for their ~2.5 s start-up to pay "
       "off; else in-process. 1: in-process. Explicit --direct_running_mode / "
       "--direct_num_workers win.")
 
