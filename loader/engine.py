@@ -341,7 +341,9 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
         chunk = self._producer.next_chunk()
         if chunk is None:
           raise StopIteration
-        self._buffer_start, self._buffer, self._error = chunk
+        self._buffer_start, elements, self._error = chunk
+        # Our own list: slots are cleared below, and a source may return a list it keeps.
+        self._buffer = list(elements)
         self._pos = 0
         continue
       x = self._buffer[self._pos]
