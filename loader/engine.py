@@ -342,7 +342,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
         if chunk is None:
           raise StopIteration
         self._buffer_start, elements, self._error = chunk
-        # Our own list: slots are cleared below, and a source may return a list it keeps.
+        # Our own list: slots are cleared below, and a dataset's _getitems may return a list it keeps.
         self._buffer = list(elements)
         self._pos = 0
         continue

@@ -254,11 +254,12 @@ def test_shard_by_jax_process_uses_process_index_and_count(monkeypatch):
   assert list(_ints(10).shard_by_jax_process(drop_remainder=False)) == [6, 7, 8, 9]
 
 
-def test_iterating_never_changes_a_list_the_source_returned():
-  class KeepsItsList:
-    """A batched source that hands out a list it also keeps (e.g. a cache)."""
+def test_iterating_never_changes_a_list_a_dataset_returned():
+  class KeepsItsList(loader.MapDataset):
+    """A MapDataset whose batched read hands out a list it also keeps (e.g. a cache)."""
 
     def __init__(self):
+      super().__init__()
       self.data = [f"r{i}".encode() for i in range(10)]
 
     def __len__(self):
@@ -267,13 +268,13 @@ def test_iterating_never_changes_a_list_the_source_returned():
     def __getitem__(self, i):
       return self.data[i]
 
-    def __getitems__(self, indices):
-      if list(indices) == list(range(len(self.data))):
+    def _getitems(self, indices):
+      if indices.tolist() == list(range(len(self.data))):
         return self.data  # The very list it keeps.
-      return [self.data[i] for i in indices]
+      return [self.data[i % len(self.data)] for i in indices.tolist()]
 
-  src = KeepsItsList()
-  ds = loader.MapDataset.source(src)
+  ds = KeepsItsList()
+  expected = [f"r{i}".encode() for i in range(10)]
   for read_options in (loader.ReadOptions(num_threads=0, chunk_size=10), loader.ReadOptions(chunk_size=10)):
-    assert list(ds.to_iter_dataset(read_options)) == [f"r{i}".encode() for i in range(10)]
-    assert src.data == [f"r{i}".encode() for i in range(10)]
+    assert list(ds.to_iter_dataset(read_options)) == expected
+    assert ds.data == expected
