@@ -166,11 +166,10 @@ class _TreeCpu:
 def _child_converter(spec: dict, extra_flags: list[str]) -> dict:
   t_imp = time.monotonic()
   from loader import ondisk
-  from pipelines import convert
+  from pipelines import convert, workers
   import_s = time.monotonic() - t_imp
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   argv = ["--input", spec["pattern"], "--output", spec["out"], "--writer-options", WRITER_OPTIONS,
-          *(f.format(cores=cores) for f in extra_flags)]
+          *(f.format(cores=workers.usable_cores()) for f in extra_flags)]
   manifest, timing = _run(spec, lambda: convert.run(argv))
   shards = ondisk.resolved_shards(manifest, spec["out"])
   return {**timing, "import_s": import_s, "argv": argv, "workers_line": manifest.get("_workers"),
@@ -648,7 +647,8 @@ def _reference_data(data: common.DataSet, args) -> common.DataSet:
 
 def parent_main(args) -> int:
   machine = common.machine_info()
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  from pipelines.workers import usable_cores  # No Beam import: it is lazy there.
+  cores = usable_cores()
   print(f"cpu_count={os.cpu_count()}  usable_cores={cores}  "
         f"load_avg_1m={machine.get('load_avg_1m')}  python={sys.version.split()[0]}", flush=True)
   data = common.ensure_tfrecord_data(args.shards, args.records, args.record_bytes, seed=args.seed)

@@ -395,9 +395,9 @@ class _RawReads:
       self.perm, self.pos = self.rng.permutation(len(self.perm)), 0
     idx = self.perm[self.pos:self.pos + self.per_call]
     self.pos += self.per_call
-    fid = np.searchsorted(self.ends, idx, side="right")
     if self.sorted:
-      fid, idx = fid[np.argsort(idx)], np.sort(idx)
+      idx = np.sort(idx)
+    fid = np.searchsorted(self.ends, idx, side="right")
     tasks = [(f, (idx[fid == f] - self.starts[f]).tolist()) for f in np.unique(fid).tolist()]
     read = lambda t: self.readers[t[0]].read(t[1])
     parts = self.pool.map(read, tasks) if self.pool else map(read, tasks)
