@@ -487,7 +487,7 @@ class ArrayRecordSource:
     n = idx.size
     if n == 0:
       return []
-    if n == 1:
+    if n == 1:  # ds[i] and per-element reads: half the cost of the general path.
       i = int(idx[0])
       f = int(np.searchsorted(self._ends, i, side="right"))
       return self._read_file(f, [i - int(self._starts[f])])
