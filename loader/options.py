@@ -45,7 +45,7 @@ class ReadOptions:
 
   Attributes:
     num_threads: Background threads computing chunks of elements ahead of the
-      consumer (Grain's default, 16). At most one per core is started: more
+      consumer (Grain's default, 16). At most two per core are started: more
       only contend for the GIL. 0 computes chunks in the consuming thread on
       demand. Threads overlap reading with the consumer's work (a training
       step) and, on several cores, read chunks in parallel (ArrayRecord reads
@@ -54,7 +54,7 @@ class ReadOptions:
       (Grain's default, 500); at least one chunk is always in flight.
     chunk_size: Source records (elements before any batching) per batched
       call. None adapts it: small first chunks for a fast first batch, then
-      up to ~32k records, fewer when elements are slow (~0.1 s of work per
+      up to ~64k records, fewer when elements are slow (~0.25 s of work per
       chunk) or large (~64 MiB per chunk). Not in Grain.
   """
 

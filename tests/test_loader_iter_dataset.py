@@ -231,12 +231,22 @@ def test_chunk_sizes_ramp_up_and_adapt_to_cost_bytes_and_workers():
   sizer = engine.ChunkSizer(records.batch(256), None)
   assert [sizer.size(0) for _ in range(4)] == [1, 4, 16, 64]  # Small first chunks, then 4x.
   sizer.observe([np.zeros(256, np.int64)], seconds=1e-4)
-  assert sizer.size(0) == 128 and sizer.size(0) == 128  # Up to ~32k records per call.
-  slow = engine.ChunkSizer(records, None)
-  for _ in range(5):
-    slow.size(0)
-  slow.observe([0] * 10, seconds=1.0)  # 100 ms per element: ~0.1 s chunks, i.e. 1.
-  assert slow.size(0) == 1
+  assert sizer.size(0) == 256 and sizer.size(0) == 256  # Up to ~64k records per call.
+  for parallelism, expected in ((1, 2), (2, 1)):
+    slow = engine.ChunkSizer(records, None, parallelism=parallelism)
+    for _ in range(10):
+      slow.size(0)
+    # 100 ms per element: ~0.25 s chunks in process, ~0.1 s for workers.
+    slow.observe([0] * 10, seconds=1.0)
+    assert slow.size(0) == expected
+  # A first chunk that paid one-off costs (opening files: 20 ms for one
+  # element) does not hold the ramp back: the cost is weighted by elements.
+  cold = engine.ChunkSizer(records.batch(256), None)
+  sizes = []
+  for i in range(8):
+    sizes.append(cold.size(0))
+    cold.observe([np.zeros(256, np.int64)] * sizes[-1], seconds=0.02 if i == 0 else 0.0008 * sizes[-1])
+  assert sizes[:5] == [1, 4, 16, 64, 256] and sizes[-1] == 256
   big = engine.ChunkSizer(records, None)
   big.observe([np.zeros(4 << 20, np.uint8)])  # 4 MiB elements: ~64 MiB per chunk.
   assert max(big.size(0) for _ in range(6)) == 16

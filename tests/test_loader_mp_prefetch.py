@@ -289,6 +289,40 @@ def test_ipc_puts_arrays_in_shared_memory_and_small_payloads_inline():
   assert small[0] == "inline" and ipc.decode(small)[1].tolist() == [0, 1, 2]
 
 
+
+def test_ipc_segment_survives_short_writes_and_many_buffers(monkeypatch):
+  # More arrays than one pwritev takes (1024), odd sizes (alignment padding),
+  # and a kernel that writes at most 1000 bytes per call.
+  arrays = [np.arange(i % 7 + 5, dtype=np.int32) * i for i in range(3000)]
+  real = os.pwritev
+  calls = []
+
+  def short_pwritev(fd, buffers, offset):
+    calls.append(len(buffers))
+    first = bytes(memoryview(buffers[0]).cast("B")[:1000])
+    return real(fd, [first], offset)
+
+  monkeypatch.setattr(os, "pwritev", short_pwritev)
+  name = f"arl{os.getpid()}_test_ipc_short"
+  desc = ipc.encode(arrays, name)
+  monkeypatch.setattr(os, "pwritev", real)
+  assert desc[0] == "shm" and max(calls) == 1024 and len(calls) > 3000
+  back = ipc.decode(desc)
+  assert name not in shm_segments()
+  for got, want in zip(back, arrays, strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_ipc_failed_write_leaves_no_segment(monkeypatch):
+  def broken(fd, buffers, offset):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(os, "pwritev", broken)
+  name = f"arl{os.getpid()}_test_ipc_full"
+  with pytest.raises(OSError, match="No space left"):
+    ipc.encode([np.zeros(100_000)], name)
+  assert name not in shm_segments()
+
 def _slow(x):
   time.sleep(0.2)
   return x

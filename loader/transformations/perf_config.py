@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import sys
 import time
 from typing import Any
@@ -55,13 +54,6 @@ def _element_bytes(x: Any, depth: int = 0) -> int:
   if depth < 8 and isinstance(x, (list, tuple)):
     return sum(_element_bytes(v, depth + 1) for v in x)
   return sys.getsizeof(x)
-
-
-def _available_cores() -> int:
-  try:
-    return len(os.sched_getaffinity(0)) or 1
-  except AttributeError:  # Not on Linux.
-    return os.cpu_count() or 1
 
 
 def _random_access_parts(ds: Any) -> list[iter_lib.MapBackedIterDataset]:
@@ -114,7 +106,7 @@ def pick_performance_config(ds: Any, *, ram_budget_mb: int | None, max_workers: 
     ds = ds.to_iter_dataset()
   if ram_budget_mb is not None and (not isinstance(ram_budget_mb, (int, float)) or ram_budget_mb <= 0):
     raise ValueError(f"ram_budget_mb must be a positive number or None (got {ram_budget_mb=!r}).")
-  max_workers = _available_cores() if max_workers is None else max_workers
+  max_workers = engine.available_cores() if max_workers is None else max_workers
   max_buffer_size = _DEFAULT_MAX_BUFFER_SIZE if max_buffer_size is None else max_buffer_size
   per_worker_buffer = options_lib.MultiprocessingOptions().per_worker_buffer_size
 
