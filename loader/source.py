@@ -502,16 +502,15 @@ class ArrayRecordSource:
         run[0], (ordered[run[1]:run[2]] - self._starts[run[0]]).tolist())
     threads = getattr(_parallel, "threads", 1)
     if threads > 1 and len(runs) > 1:
-      # ArrayRecordReader.read releases the GIL: files are read side by side.
-      results = list(_read_pool(threads).map(read_run, runs))
+      # ArrayRecordReader.read releases the GIL: files are read side by side,
+      # and each file's records are placed while later files are still read.
+      results = _read_pool(threads).map(read_run, runs)
     else:
-      results = list(map(read_run, runs))
-    records = results[0]
-    for part in results[1:]:
-      records += part
+      results = map(read_run, runs)
     out = np.empty(n, dtype=object)
-    # Assigning into an object array from a list keeps each bytes object.
-    out[order] = records
+    for (_, lo, hi), records in zip(runs, results):
+      # Assigning into an object array from a list keeps each bytes object.
+      out[order[lo:hi]] = records
     return out.tolist()
 
   def __getitems__(self, indices: Sequence[int]) -> list[bytes]:
