@@ -41,13 +41,14 @@ _TARGET_RECORDS_PER_CHUNK = 65536
 # geometrically to the target.
 _FIRST_CHUNK_RECORDS = 64
 _RAMP_FACTOR = 4
-# A chunk should take about this long to compute. With worker processes:
-# long enough to amortise a round trip (~1 ms), short enough that a slow map
-# spreads evenly over workers and the next batches never wait long behind one
-# big chunk. In process, chunks are computed ahead of the consumer, so they
-# may be longer: a 64k-record read takes ~0.2 s.
+# A chunk should take about this long to compute: long enough to amortise a
+# worker round trip (~1 ms), short enough that a slow map spreads evenly over
+# workers and the next batches never wait long behind one big chunk.
 _TARGET_CHUNK_SECONDS = 0.1
-_TARGET_CHUNK_SECONDS_IN_PROCESS = 0.25
+# Except in process, when a whole chunk of the record target costs at most
+# this: then records are cheap, reading dominates, and the bigger read is the
+# faster one (a 64k-record read takes ~0.2 s); a slow map keeps ~0.1 s chunks.
+_FULL_CHUNK_SECONDS_IN_PROCESS = 0.5
 _DECAY = 0.7  # Weight of the cost history at each new chunk.
 _MAX_CHUNK_BYTES = 64 << 20
 
@@ -74,9 +75,9 @@ class ChunkSizer:
   """How many elements the next batched call computes.
 
   The size is the smallest of: ~64k source records (read amortisation),
-  ~0.1 s of measured compute with several consumers, ~0.25 s with one (so
-  slow maps give small chunks that keep every worker busy and batches
-  flowing), ~64 MiB of measured element bytes, and,
+  ~0.1 s of measured compute (so slow maps give small chunks that keep every
+  worker busy and batches flowing; in process, a full 64k-record chunk may
+  take up to 0.5 s), ~64 MiB of measured element bytes, and,
   with `parallelism` consumers of chunks, half a fair share of what is left
   (so a small dataset still reaches every worker). It starts at ~64 records
   and grows 4x per chunk. A fixed `chunk_size` (in source records, whatever
@@ -90,7 +91,6 @@ class ChunkSizer:
     self._target = _elements_for(ds, _TARGET_RECORDS_PER_CHUNK)
     self._ramp = min(self._target, _elements_for(ds, _FIRST_CHUNK_RECORDS))
     self._parallelism = max(1, parallelism)
-    self._seconds = _TARGET_CHUNK_SECONDS if self._parallelism > 1 else _TARGET_CHUNK_SECONDS_IN_PROCESS
     self._calls = 0
     # Decayed sums over recent chunks: the per-element cost is weighted by
     # elements, so a tiny first chunk that paid one-off costs (opening
@@ -109,7 +109,10 @@ class ChunkSizer:
       self._ramp = min(self._target, self._ramp * _RAMP_FACTOR)
     if self._seconds_sum > 0:
       per_element = self._seconds_sum / self._elements_sum
-      size = min(size, max(1, int(self._seconds / per_element)))
+      seconds = _TARGET_CHUNK_SECONDS
+      if self._parallelism == 1 and self._target * per_element <= _FULL_CHUNK_SECONDS_IN_PROCESS:
+        seconds = _FULL_CHUNK_SECONDS_IN_PROCESS
+      size = min(size, max(1, int(seconds / per_element)))
     if self._bytes_cap is not None:
       size = min(size, self._bytes_cap)
     if self._parallelism > 1 and self._len < (1 << 62):

@@ -232,13 +232,14 @@ def test_chunk_sizes_ramp_up_and_adapt_to_cost_bytes_and_workers():
   assert [sizer.size(0) for _ in range(4)] == [1, 4, 16, 64]  # Small first chunks, then 4x.
   sizer.observe([np.zeros(256, np.int64)], seconds=1e-4)
   assert sizer.size(0) == 256 and sizer.size(0) == 256  # Up to ~64k records per call.
-  for parallelism, expected in ((1, 2), (2, 1)):
-    slow = engine.ChunkSizer(records, None, parallelism=parallelism)
+  for parallelism, per_element, expected in ((1, 0.1, 1), (2, 0.1, 1), (1, 3e-6, 65536), (2, 3e-6, 33333)):
+    sizer = engine.ChunkSizer(records, None, parallelism=parallelism)
     for _ in range(10):
-      slow.size(0)
-    # 100 ms per element: ~0.25 s chunks in process, ~0.1 s for workers.
-    slow.observe([0] * 10, seconds=1.0)
-    assert slow.size(0) == expected
+      sizer.size(0)
+    sizer.observe([0] * 10, seconds=10 * per_element)
+    # A slow map gets ~0.1 s chunks; cheap records get the full 64k in
+    # process (0.2 s here), ~0.1 s per worker task.
+    assert sizer.size(0) == expected
   # A first chunk that paid one-off costs (opening files: 20 ms for one
   # element) does not hold the ramp back: the cost is weighted by elements.
   cold = engine.ChunkSizer(records.batch(256), None)
