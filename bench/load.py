@@ -36,8 +36,9 @@ report names it exactly (the `code` of each row, the Configurations section):
   raw             the limit: ArrayRecordReader.read of 2,048 random indices
                   per call and file (the issue's yardstick), 1 thread and N
                   threads over the files; and of 8,192 indices per call and
-                  file, shuffled and sorted, on 1, N and 2N threads (its best
-                  here). The best row is the limit.
+                  file, shuffled and sorted, on 1, N and 2N threads, per
+                  record and as one span per file (readahead_buffer_size:1G;
+                  its best here). The best row is the limit.
 
 Each row runs in its own subprocess (imports, threads and worker processes
 count towards its own RSS and CPU only). Per row: records/s (tokens/s for
@@ -76,11 +77,17 @@ SEED = 42
 BATCHES_TO_TIME = 20  # "time to the 20th batch"
 SHUFFLE_BUFFER = 10_000  # tf.data's usual local shuffle window.
 GRAIN_NAIVE_THREADS = 16  # Grain's default ReadOptions.num_threads.
-RAW_OPTIONS = "readahead_buffer_size:0"
+RAW_OPTIONS = "readahead_buffer_size:0"  # Per-record reads: the documented random-access setting.
+# One buffer per call: the reader copies the span from the first to the last
+# index once (what ArrayRecordSource does for dense reads).
+RAW_SPAN_OPTIONS = "readahead_buffer_size:1G"
 # (indices per ArrayRecordReader.read call and file, sorted?, threads: a count,
-# None = cores, "2x" = two per core as the loader's default ReadOptions uses)
-RAW_VARIANTS = ((2048, False, 1), (2048, False, None), (8192, False, None), (8192, True, 1),
-                (8192, True, None), (8192, True, "2x"))
+# None = cores, "2x" = two per core as the loader's default ReadOptions uses,
+# reader options)
+RAW_VARIANTS = ((2048, False, 1, RAW_OPTIONS), (2048, False, None, RAW_OPTIONS),
+                (8192, False, None, RAW_OPTIONS), (8192, True, 1, RAW_OPTIONS),
+                (8192, True, None, RAW_OPTIONS), (8192, True, "2x", RAW_OPTIONS),
+                (8192, True, None, RAW_SPAN_OPTIONS), (8192, True, "2x", RAW_SPAN_OPTIONS))
 AUGMENT_ROUNDS = 7  # ~290 µs/record with parsing on the 2-core dev machine (reported per run).
 LLM_SEQ_LENS = (1024, 2048)
 LLM_BATCH = 16  # MaxText packs into num_packing_bins = batch size.
@@ -596,7 +603,9 @@ def _row_name(spec: dict) -> str:
   if family == "loader" and spec.get("variant"):
     name += f" {spec['variant']}"
   if family == "raw":
-    name += f" {p['per_call']}{' sorted' if p['sorted'] else ''} {p['threads']} thread{'s' if p['threads'] > 1 else ''}"
+    span = " span" if p["options"] == RAW_SPAN_OPTIONS else ""
+    name += (f" {p['per_call']}{' sorted' if p['sorted'] else ''}{span} "
+             f"{p['threads']} thread{'s' if p['threads'] > 1 else ''}")
   if spec["workload"] == "llm":
     name += f" L={p['seq_len']}"
   if w:
@@ -636,11 +645,11 @@ def plan(workloads: list[str], families: list[str], cores: int) -> list[dict]:
         add(workload, family, w)
     add(workload, "tf.data", 0)
     if workload == "nomap":
-      for per_call, is_sorted, threads in RAW_VARIANTS:
+      for per_call, is_sorted, threads, options in RAW_VARIANTS:
         if threads is None and cores == 1:
           continue
         count = 2 * cores if threads == "2x" else threads or cores
-        add(workload, "raw", 0, {"options": RAW_OPTIONS, "per_call": per_call, "sorted": is_sorted,
+        add(workload, "raw", 0, {"options": options, "per_call": per_call, "sorted": is_sorted,
                                  "threads": count})
   if "llm" in workloads:
     for seq_len in LLM_SEQ_LENS:

@@ -30,6 +30,16 @@ T = TypeVar("T")
 
 # Random access wants no readahead (it would read megabytes per record).
 DEFAULT_READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+# A batched read costs about one pread and one thread-pool task per record;
+# a span read copies everything between a file's first and last wanted record
+# at once and decodes only the wanted records. Copying ~8 KiB from the page
+# cache costs about as much as one pread, so a span read wins when the wanted
+# records lie closer than that on average (8 files of 25k 1 KB records, 2
+# cores, 4 threads: +6% at 1/8 of each file per call, +15% at 1/6, +20% at
+# 1/3; -7% at 1/12, -30% at 1/25).
+_SPAN_BYTES_PER_RECORD = 8 << 10
+# The span is held in memory while it is decoded, per reading thread.
+_MAX_SPAN_BYTES = 32 << 20
 _GROUP_SIZE_RE = re.compile(r"(?:^|,)group_size:(\d+)")
 
 
@@ -172,6 +182,12 @@ def _open_reader(path: str, options: str):
         f"{path} is not an ArrayRecord file: {_describe_non_array_record(path)} "
         f"(reader: {status}).")
   return reader
+
+
+def _span_options(options: str) -> str:
+  """`options` with a readahead buffer that holds any span: one read per call."""
+  kept = [o for o in options.split(",") if o.strip() and not o.strip().startswith("readahead_buffer_size")]
+  return ",".join([*kept, "readahead_buffer_size:1G"])  # The largest it takes.
 
 
 def _count_records(path: str, options: str) -> tuple[int, str]:
@@ -378,6 +394,7 @@ class ArrayRecordSource:
 
   def _init_process_state(self) -> None:
     self._readers: list[Any] = [None] * len(self._paths)
+    self._span_readers: list[Any] = [None] * len(self._paths)
     self._lock = threading.Lock()
     self._pid = os.getpid()
 
@@ -405,31 +422,33 @@ class ArrayRecordSource:
 
   def __getstate__(self):
     state = self.__dict__.copy()
-    del state["_readers"], state["_lock"], state["_pid"]
+    del state["_readers"], state["_span_readers"], state["_lock"], state["_pid"]
     return state
 
   def __setstate__(self, state):
     self.__dict__.update(state)
     self._init_process_state()
 
-  def _reader(self, file_index: int):
+  def _reader(self, file_index: int, span: bool = False):
     if self._pid != os.getpid():
       # Forked: the parent's readers (and possibly a held lock) are not ours.
       self._init_process_state()
-    reader = self._readers[file_index]
+    readers = self._span_readers if span else self._readers
+    reader = readers[file_index]
     if reader is None:
       with self._lock:
-        reader = self._readers[file_index]
+        reader = readers[file_index]
         if reader is None:
           self._check_unchanged(file_index)
-          reader = _open_reader(self._paths[file_index], self._reader_options)
+          options = _span_options(self._reader_options) if span else self._reader_options
+          reader = _open_reader(self._paths[file_index], options)
           n = reader.num_records()
           self._check_count(file_index, n)
           if n != self._counts[file_index]:
             reader.close()
             raise FileChangedError(self._paths[file_index],
                                    f"{n} records now, {self._counts[file_index]} before")
-          self._readers[file_index] = reader
+          readers[file_index] = reader
     return reader
 
   def _check_unchanged(self, file_index: int) -> None:
@@ -438,22 +457,35 @@ class ArrayRecordSource:
       raise FileChangedError(self._paths[file_index],
                              _describe_change(self._ids[file_index], now))
 
+  def _spans(self, file_index: int, local: list[int]) -> bool:
+    """Whether ascending `local` indices are read fastest as one span of the file."""
+    if len(local) < 2:
+      return False
+    # The file's last 64 KiB block holds its postscript, not records.
+    record_bytes = max(1, self._ids[file_index][2] - (64 << 10)) / max(1, int(self._counts[file_index]))
+    span = (local[-1] - local[0] + 1) * record_bytes
+    return span <= min(_MAX_SPAN_BYTES, len(local) * _SPAN_BYTES_PER_RECORD)
+
   def _read_file(self, file_index: int, local: list[int]) -> list[bytes]:
-    """One batched read from one file, checked for changes and corruption."""
-    reader = self._reader(file_index)
+    """One batched read from one file, checked for changes and corruption.
+
+    `local` is ascending when it has more than one index (see `read`).
+    """
+    reader = self._reader(file_index, span=self._spans(file_index, local))
     try:
       records = reader.read(local)
     except RuntimeError as e:
       self._check_unchanged(file_index)  # A truncated file reads as corrupt.
-      raise self._corrupt(file_index, reader, local, e) from e
+      raise self._corrupt(file_index, local, e) from e
     # Checked after the read: a file changed before or while reading never
     # returns what was read from it.
     self._check_unchanged(file_index)
     return records
 
-  def _corrupt(self, file_index: int, reader, local: list[int],
-               error: RuntimeError) -> CorruptRecordError:
-    # Only on failure: find the first record of the batch that cannot be read.
+  def _corrupt(self, file_index: int, local: list[int], error: RuntimeError) -> CorruptRecordError:
+    # Only on failure: find the first record of the batch that cannot be read,
+    # one record at a time.
+    reader = self._reader(file_index)
     for i in sorted(set(local)):
       try:
         reader.read([i])
@@ -528,10 +560,11 @@ class ArrayRecordSource:
   def close(self) -> None:
     """Closes this process's readers; they reopen on the next read."""
     with self._lock:
-      for reader in self._readers:
+      for reader in self._readers + self._span_readers:
         if reader is not None:
           reader.close()
       self._readers = [None] * len(self._paths)
+      self._span_readers = [None] * len(self._paths)
 
   def __enter__(self) -> ArrayRecordSource:
     return self

@@ -208,7 +208,8 @@ def test_chunked_reads_hit_each_file_once_per_chunk(tmp_path, monkeypatch):
       reads_per_file.append(len(keys))
       return self.reader.read(keys)
 
-  monkeypatch.setattr(loader.ArrayRecordSource, "_reader", lambda self, i: Spy(real_reader(self, i)))
+  monkeypatch.setattr(loader.ArrayRecordSource, "_reader",
+                      lambda self, i, span=False: Spy(real_reader(self, i, span)))
   ds[3]
   assert len(reads_per_file) <= 4 and sum(reads_per_file) == 10  # ...and one reader call per file.
 

@@ -54,7 +54,8 @@ def test_read_issues_one_batched_call_per_file(files, monkeypatch):
       calls.append((self._i, list(keys)))
       return self._reader.read(keys)
 
-  monkeypatch.setattr(source_lib.ArrayRecordSource, "_reader", lambda self, i: Spy(real(self, i), i))
+  monkeypatch.setattr(source_lib.ArrayRecordSource, "_reader",
+                      lambda self, i, span=False: Spy(real(self, i, span), i))
   wanted = [0, 6, 13, 1, 7, 14, 2, 13, -16]
   out = src.read(wanted)
   assert [record_index(r) for r in out] == [0, 6, 13, 1, 7, 14, 2, 13, 0]
@@ -64,6 +65,24 @@ def test_read_issues_one_batched_call_per_file(files, monkeypatch):
   with source_lib.parallel_reads(2):
     assert [record_index(r) for r in src.read(wanted)] == [0, 6, 13, 1, 7, 14, 2, 13, 0]
   assert sorted(calls) == [(0, [0, 0, 1, 2]), (1, [1, 2]), (2, [1, 1, 2])]
+
+
+def test_dense_reads_take_one_span_of_the_file_and_sparse_ones_do_not(tmp_path, monkeypatch):
+  path, = write_array_records(tmp_path, 1, 400, record_size=1000)
+  src = loader.ArrayRecordSource(path)
+  spans = []
+  real = source_lib.ArrayRecordSource._reader
+  monkeypatch.setattr(source_lib.ArrayRecordSource, "_reader",
+                      lambda self, i, span=False: spans.append(span) or real(self, i, span))
+  dense = [30, 12, 12, 25, 10, 19, 30, 11, 28, 14]  # 10 of 21 records: read as one span.
+  assert [record_index(r) for r in src.read(dense)] == dense
+  assert src.read(dense) == [record_bytes(i, 1000) for i in dense]
+  sparse = [399, 0, 200]  # 3 of 400 records: one read per record.
+  assert [record_index(r) for r in src.read(sparse)] == sparse
+  assert spans == [True, True, False]
+  everything = np.random.default_rng(0).permutation(400)
+  with source_lib.parallel_reads(2):
+    assert src.read(everything) == [record_bytes(int(i), 1000) for i in everything]
 
 
 def test_glob_directory_and_manifest_order(tmp_path):
