@@ -107,6 +107,12 @@ TARGETS = {
     "llm_packing_share_max": 0.20,
 }
 _RESULT_TAG = "LOAD-BENCH-RESULT "
+# The two ratio targets against our own yardsticks (ours vs the raw limit; 2
+# workers vs 2 x one core) are judged on this many alternating pairs of fresh
+# runs of the two rows, by the median pair: a shared VM's speed drifts over a
+# run, and best-of-passes can pair a fast moment of one row with a slow moment
+# of the other.
+PAIRS = 3
 
 
 # --------------------------------------------------------------------------
@@ -684,8 +690,28 @@ def _ratio(a: dict | None, b: dict | None, key: str = "rate") -> float | None:
   return None
 
 
-def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None) -> list[dict]:
-  """Fills each row's ratios and returns the target lines (met / MISSED / n/a)."""
+def _paired_detail(pair: dict | None) -> str:
+  if not pair or not pair.get("ratios"):
+    return ""
+  return (f"; median of {len(pair['ratios'])} alternating pairs of runs: "
+          + ", ".join(f"{r:.2f}" for r in pair["ratios"]))
+
+
+def _paired_value(pair: dict | None, fallback: float | None) -> float | None:
+  """The target's value: the median paired ratio when pairs ran, else the best-of-passes ratio."""
+  if pair and pair.get("ratios"):
+    return round(float(np.median(pair["ratios"])), 3)
+  return fallback
+
+
+def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None,
+            paired: dict | None = None) -> list[dict]:
+  """Fills each row's ratios and returns the target lines (met / MISSED / n/a).
+
+  `paired` holds the alternating-pair ratios (see PAIRS) of the raw-limit
+  ("nomap_raw") and scaling ("map_scaling") targets; they decide those targets.
+  """
+  paired = paired or {}
   workers = sorted({1, 2, cores})
   targets = []
 
@@ -745,20 +771,23 @@ def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None) -> 
       target(f"{title}: ours in process >= {TARGETS['nomap_vs_tfdata_min']:g}x tf.data (local shuffle)",
              v, v is not None and v >= TARGETS["nomap_vs_tfdata_min"],
              f"ours {_fmt_rate(ours[0])}, tf.data {_fmt_rate(tfd)} records/s")
-      v = _ratio(ours[0], raw)
+      v = _paired_value(paired.get("nomap_raw"), _ratio(ours[0], raw))
       target(f"{title}: ours in process >= {TARGETS['nomap_vs_raw_min']:.0%} of the raw batched read limit",
              v, v is not None and v >= TARGETS["nomap_vs_raw_min"],
-             f"ours {_fmt_rate(ours[0])}, limit {_fmt_rate(raw)} records/s ({raw['name'] if raw else '-'})"
-             + _vs_issue_yardstick(ours[0], rows))
+             f"best of passes: ours {_fmt_rate(ours[0])}, limit {_fmt_rate(raw)} records/s "
+             f"({raw['name'] if raw else '-'}): {_fmt_x(_ratio(ours[0], raw))}"
+             + _paired_detail(paired.get("nomap_raw")) + _vs_issue_yardstick(ours[0], rows))
     else:
       two = _find(rows, "map", "loader", 2, read_options=None)
-      eff = two.get("scaling_efficiency") if _ok(two) else None
+      eff = _paired_value(paired.get("map_scaling"), two.get("scaling_efficiency") if _ok(two) else None)
       target(f"heavy map: >= {TARGETS['map_scaling_efficiency_2_workers_min']:.0%} scaling efficiency at "
              f"2 workers ({cores} cores here)", eff,
              eff is not None and eff >= TARGETS["map_scaling_efficiency_2_workers_min"],
-             f"2 workers {_fmt_rate(two)} records/s vs 2 x single-core (ReadOptions(num_threads=0), "
-             f"in process) {_fmt_rate(single)}" + (f"; map {map_cost['map_us_per_record']} µs/record"
-                                                   if map_cost and _ok(map_cost) else ""))
+             f"best of passes: 2 workers {_fmt_rate(two)} records/s vs 2 x single-core "
+             f"(ReadOptions(num_threads=0), in process) {_fmt_rate(single)}: "
+             f"{_cell(two.get('scaling_efficiency') if _ok(two) else None, '.2f')}"
+             + _paired_detail(paired.get("map_scaling"))
+             + (f"; map {map_cost['map_us_per_record']} µs/record" if map_cost and _ok(map_cost) else ""))
     t20_target(f"{title}: time to 20th batch <= Grain's best at equal workers", workload,
                [(f"{w} workers", w, None) for w in [0] + workers])
 
@@ -951,6 +980,9 @@ NOTES = [
     "batched) at the same worker count; the other ReadOptions rows are shown, not used for ratios.",
     "heavy-map scaling efficiency = rate with W workers / (W x the in-process ReadOptions(num_threads=0) "
     "rate, i.e. one core doing read + map + batch).",
+    f"The raw-limit and scaling targets are judged on {PAIRS} alternating pairs of fresh runs of their two "
+    "rows (ours then the yardstick, repeated), by the median pair ratio; the tables show each row's best "
+    "of the passes, whose ratio can pair a fast moment of one row with a slow moment of the other.",
     "CPU util = CPU seconds of the whole process tree in the measured window / wall seconds / cores.",
     "Peak RSS: peak of the summed RSS of the row's process tree (shared pages count once per process).",
     "tf.data reads TFRecord (its native format) with a 10,000-record shuffle buffer: a local shuffle, "
@@ -959,6 +991,35 @@ NOTES = [
     "LLM pack share = packing µs/token (measured apart) x the row's tokens/s, divided by the number of "
     "processes that pack (ours: the consuming process; Grain: each worker).",
 ]
+
+
+def _run_pairs(rows: list[dict], specs: list[dict], args, files: dict, pairs: int) -> dict:
+  """Alternating fresh runs of the rows behind the raw-limit and scaling targets."""
+  def spec_of(row):
+    return next(s for s in specs if s["name"] == row["name"] and s["workload"] == row["workload"])
+
+  jobs = {}
+  ours = _find(rows, "nomap", "loader", 0, read_options=None)
+  raws = [r for r in rows if r["workload"] == "nomap" and r["family"] == "raw" and _ok(r)]
+  if _ok(ours) and raws:
+    jobs["nomap_raw"] = (spec_of(ours), spec_of(max(raws, key=lambda r: r["rate"])), 1.0)
+  two = _find(rows, "map", "loader", 2, read_options=None)
+  single = _find(rows, "map", "loader", 0, read_options={"num_threads": 0})
+  if _ok(two) and _ok(single):
+    jobs["map_scaling"] = (spec_of(two), spec_of(single), 2.0)
+  out = {}
+  for key, (a, b, scale) in jobs.items():
+    ratios, runs = [], []
+    for k in range(pairs):
+      res = [_measure({**x, "kind": "row", "seconds": args.seconds, "warmup": args.warmup, "files": files},
+                      args.timeout) for x in (a, b)]
+      runs.append([r.get("rate") for r in res])
+      if all(r["status"] == "ok" for r in res):
+        ratios.append(round(res[0]["rate"] / (scale * res[1]["rate"]), 3))
+      print(f"[pair {k + 1}/{pairs}] {key}: {a['name']} {runs[-1][0]} vs {b['name']} {runs[-1][1]}"
+            + (f" -> {ratios[-1]:.3f}" if len(ratios) == k + 1 else ""), flush=True)
+    out[key] = {"a": a["name"], "b": b["name"], "scale": scale, "rates": runs, "ratios": ratios}
+  return out
 
 
 def _sweep(workload: str, args, files: dict, cores: int) -> dict:
@@ -1068,7 +1129,8 @@ def main(argv=None) -> int:
       if old is None or old.get("status") != "ok" or (res["status"] == "ok" and res["rate"] > old["rate"]):
         best[i] = {**s, **res}
   rows = [best[i] for i in range(len(specs))]
-  targets = compare(rows, cores, pack, map_cost)
+  paired = _run_pairs(rows, specs, args, files, 1 if quick else PAIRS)
+  targets = compare(rows, cores, pack, map_cost, paired)
 
   print()
   for t in targets:
@@ -1093,6 +1155,7 @@ def main(argv=None) -> int:
         "text_data": {k: v for k, v in (text or {}).items() if k != "files"} or None,
         "targets_config": TARGETS,
         "targets": targets,
+        "paired": paired,
         "map_cost": map_cost,
         "sweeps": sweeps,
         "pack_costs": {f"{f} L={L}": v for (f, L), v in pack.items()},

@@ -316,7 +316,8 @@ class ArrayRecordSource:
   Records are numbered across files in order: file 0's records first. Besides
   `len(src)` and `src[i]` (the Grain/TFDS data source protocol, so the source
   also plugs into `grain.MapDataset.source`), `src.read(indices)` reads many
-  records with one batched `ArrayRecordReader.read` per file.
+  records with one batched `ArrayRecordReader.read` per file (of one span of
+  the file, up to 32 MiB, when the wanted records lie close together).
 
   Readers are opened lazily, once per process: pickling drops them and a
   forked child reopens its own. One source may be read from several threads
