@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 from typing import Sequence
+
+# Cores this process may run on (its CPU affinity): the loader's count.
+from loader.engine import available_cores as usable_cores
 
 AUTO = "auto"
 # Measured on the 2-core benchmark machine (bench/convert.py): the wall time
@@ -59,14 +61,6 @@ def add_flag(parser: argparse.ArgumentParser) -> None:
       "one per shard, when the input is large enough for their ~2.5 s start-up to pay "
       "off; else in-process. 1: in-process. Explicit --direct_running_mode / "
       "--direct_num_workers win.")
-
-
-def usable_cores() -> int:
-  """Cores this process may run on (its CPU affinity, not the machine's count)."""
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:  # Not on Linux.
-    return os.cpu_count() or 1
 
 
 def estimate_seconds(sizes: Sequence[int], workers: int) -> float:
