@@ -54,8 +54,9 @@ class ReadOptions:
       (Grain's default, 500); at least one chunk is always in flight.
     chunk_size: Source records (elements before any batching) per batched
       call. None adapts it: small first chunks for a fast first batch, then
-      up to ~64k records, fewer when elements are slow (~0.25 s of work per
-      chunk) or large (~64 MiB per chunk). Not in Grain.
+      up to ~64k records, fewer when elements are slow (~0.1 s of work per
+      chunk; in process up to 0.5 s when records are cheap) or large (~64 MiB
+      per chunk). Not in Grain.
   """
 
   num_threads: int = 16
