@@ -690,6 +690,21 @@ def _ratio(a: dict | None, b: dict | None, key: str = "rate") -> float | None:
   return None
 
 
+def _ratio_target_rows(rows: list[dict]) -> dict[str, tuple[dict | None, dict | None, float]]:
+  """The rows behind the two ratio targets: key -> (ours, yardstick, yardstick multiple).
+
+  "nomap_raw": ours in process vs the best raw row; "map_scaling": 2 workers
+  vs 2 x one core in process.
+  """
+  raws = [r for r in rows if r["workload"] == "nomap" and r["family"] == "raw" and _ok(r)]
+  return {
+      "nomap_raw": (_find(rows, "nomap", "loader", 0, read_options=None),
+                    max(raws, key=lambda r: r["rate"]) if raws else None, 1.0),
+      "map_scaling": (_find(rows, "map", "loader", 2, read_options=None),
+                      _find(rows, "map", "loader", 0, read_options={"num_threads": 0}), 2.0),
+  }
+
+
 def _paired_detail(pair: dict | None) -> str:
   if not pair or not pair.get("ratios"):
     return ""
@@ -741,11 +756,11 @@ def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None,
       target(name + " (value: worst ours / Grain)", value, value is not None and value <= 1.0,
              "; ".join(parts))
 
+  behind = _ratio_target_rows(rows)
+  raw, two = behind["nomap_raw"][1], behind["map_scaling"][0]
   for workload in [w for w in ("nomap", "map") if any(r["workload"] == w for r in rows)]:
     ours = {w: _find(rows, workload, "loader", w, read_options=None) for w in [0] + workers}
     tfd = _find(rows, workload, "tf.data", 0)
-    raws = [r for r in rows if r["workload"] == workload and r["family"] == "raw" and _ok(r)]
-    raw = max(raws, key=lambda r: r["rate"]) if raws else None
     single = _find(rows, workload, "loader", 0, read_options={"num_threads": 0})
     for r in rows:
       if r["workload"] != workload or not _ok(r):
@@ -754,7 +769,7 @@ def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None,
       if r["family"] == "loader":
         r["vs_grain_best"] = _ratio(r, g)
         r["vs_tfdata"] = _ratio(r, tfd)
-        r["vs_raw_limit"] = _ratio(r, raw)
+        r["vs_raw_limit"] = _ratio(r, raw) if workload == "nomap" else None
       if r["family"] == "loader" and r["workers"] and _ok(single):
         r["scaling_efficiency"] = round(r["rate"] / (r["workers"] * single["rate"]), 3)
       if r["family"].startswith("grain") and g is r:
@@ -778,7 +793,6 @@ def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None,
              f"({raw['name'] if raw else '-'}): {_fmt_x(_ratio(ours[0], raw))}"
              + _paired_detail(paired.get("nomap_raw")) + _vs_issue_yardstick(ours[0], rows))
     else:
-      two = _find(rows, "map", "loader", 2, read_options=None)
       eff = _paired_value(paired.get("map_scaling"), two.get("scaling_efficiency") if _ok(two) else None)
       target(f"heavy map: >= {TARGETS['map_scaling_efficiency_2_workers_min']:.0%} scaling efficiency at "
              f"2 workers ({cores} cores here)", eff,
@@ -993,26 +1007,24 @@ NOTES = [
 ]
 
 
+def _row_spec(spec: dict, args, files: dict) -> dict:
+  """What a child process needs to measure one row."""
+  return {**spec, "kind": "row", "seconds": args.seconds, "warmup": args.warmup, "files": files}
+
+
 def _run_pairs(rows: list[dict], specs: list[dict], args, files: dict, pairs: int) -> dict:
   """Alternating fresh runs of the rows behind the raw-limit and scaling targets."""
   def spec_of(row):
     return next(s for s in specs if s["name"] == row["name"] and s["workload"] == row["workload"])
 
-  jobs = {}
-  ours = _find(rows, "nomap", "loader", 0, read_options=None)
-  raws = [r for r in rows if r["workload"] == "nomap" and r["family"] == "raw" and _ok(r)]
-  if _ok(ours) and raws:
-    jobs["nomap_raw"] = (spec_of(ours), spec_of(max(raws, key=lambda r: r["rate"])), 1.0)
-  two = _find(rows, "map", "loader", 2, read_options=None)
-  single = _find(rows, "map", "loader", 0, read_options={"num_threads": 0})
-  if _ok(two) and _ok(single):
-    jobs["map_scaling"] = (spec_of(two), spec_of(single), 2.0)
   out = {}
-  for key, (a, b, scale) in jobs.items():
+  for key, (ours, yardstick, scale) in _ratio_target_rows(rows).items():
+    if not (_ok(ours) and _ok(yardstick)):
+      continue
+    a, b = spec_of(ours), spec_of(yardstick)
     ratios, runs = [], []
     for k in range(pairs):
-      res = [_measure({**x, "kind": "row", "seconds": args.seconds, "warmup": args.warmup, "files": files},
-                      args.timeout) for x in (a, b)]
+      res = [_measure(_row_spec(x, args, files), args.timeout) for x in (a, b)]
       runs.append([r.get("rate") for r in res])
       if all(r["status"] == "ok" for r in res):
         ratios.append(round(res[0]["rate"] / (scale * res[1]["rate"]), 3))
@@ -1116,8 +1128,7 @@ def main(argv=None) -> int:
   best: dict[int, dict] = {}
   for rep in range(args.repeat):
     for i, s in enumerate(specs):
-      spec = {**s, "kind": "row", "seconds": args.seconds, "warmup": args.warmup, "files": files}
-      res = _measure(spec, args.timeout)
+      res = _measure(_row_spec(s, args, files), args.timeout)
       unit = "tokens/s" if s["workload"] == "llm" else "records/s"
       shown = (f"{res['rate']:,.0f} {unit}, 20th batch {res.get('batch20_s', '-')} s, "
                f"RSS {res['peak_rss_mb']:,.0f} MB" if res["status"] == "ok" else res["status"])
