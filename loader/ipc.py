@@ -76,19 +76,18 @@ def encode(obj: Any, name: str) -> tuple:
 
 def _write_all(fd: int, parts: list[Any]) -> None:
   """Writes `parts` back to back from offset 0, however the kernel splits it."""
-  views = [memoryview(p).cast("B") for p in parts]
-  views = [v for v in views if v.nbytes]
-  offset = 0
-  while views:
-    written = os.pwritev(fd, views[:_IOV_MAX], offset)
+  views = [v for v in (memoryview(p).cast("B") for p in parts) if v.nbytes]
+  offset, first = 0, 0  # views[first:] are still to write (an index: chunks can hold 100k+ arrays).
+  while first < len(views):
+    written = os.pwritev(fd, views[first:first + _IOV_MAX], offset)
     if written <= 0:
       raise OSError(f"pwritev wrote {written} bytes to a shared-memory segment at offset {offset}")
     offset += written
-    while views and written >= views[0].nbytes:
-      written -= views[0].nbytes
-      views.pop(0)
+    while first < len(views) and written >= views[first].nbytes:
+      written -= views[first].nbytes
+      first += 1
     if written:
-      views[0] = views[0][written:]
+      views[first] = views[first][written:]
 
 
 def decode(desc: tuple) -> Any:
