@@ -50,6 +50,13 @@ def _round_keys(seed: int, epoch: int) -> tuple[int, ...]:
   return tuple(keys)
 
 
+def _reduce(x: np.ndarray, modulus: np.uint64, tmp: np.ndarray) -> None:
+  """x %= modulus, in place (`tmp` is scratch space of x's shape)."""
+  np.floor_divide(x, modulus, out=tmp)
+  tmp *= modulus
+  x -= tmp
+
+
 class IndexPermutation:
   """A seeded bijection on `[0, size)`, evaluated for arrays of positions.
 
@@ -67,21 +74,32 @@ class IndexPermutation:
     self._keys = [np.uint64(k) for k in _round_keys(int(seed), int(epoch))]
 
   def _encrypt(self, x: np.ndarray) -> np.ndarray:
-    left, right = np.divmod(x, self._b)  # left in Z_a, right in Z_b.
-    moduli = (self._a, self._b)
+    # `a - (a // m) * m` instead of `a % m`: numpy divides by a scalar with
+    # libdivide for `//` but not for `%`, which makes a chunk's permutation
+    # ~2x faster with the same results. In place, to spare temporaries.
+    b = self._b
+    left = x // b  # In Z_a.
+    right = x - left * b  # In Z_b.
+    moduli = (self._a, b)
+    f = np.empty_like(left)
+    tmp = np.empty_like(left)
     for i, key in enumerate(self._keys):
       # Round function: a splitmix-style mixer of (right + key).
-      f = right + key
+      np.add(right, key, out=f)
       f *= _MUL1
-      f ^= f >> _S31
+      np.right_shift(f, _S31, out=tmp)
+      f ^= tmp
       f *= _MUL2
-      f ^= f >> _S29
+      np.right_shift(f, _S29, out=tmp)
+      f ^= tmp
       modulus = moduli[i % 2]
-      f %= modulus
-      left += f
-      left %= modulus
+      _reduce(f, modulus, tmp)
+      left += f  # Both below the modulus: no overflow.
+      _reduce(left, modulus, tmp)
       left, right = right, left
-    return left * self._b + right
+    left *= b
+    left += right
+    return left
 
   def __call__(self, positions: np.ndarray) -> np.ndarray:
     """Returns the shuffled position of each of `positions` (as int64)."""

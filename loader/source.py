@@ -596,10 +596,10 @@ class BatchedSource:
     return repr(self.source)
 
   def read(self, indices: np.ndarray) -> list[Any]:
-    keys = np.asarray(indices, dtype=np.int64).tolist()
     src = self.source
     if isinstance(src, ArrayRecordSource):
-      return src.read(keys)
+      return src.read(indices)  # Takes the array as it is: no round trip through a list.
+    keys = np.asarray(indices, dtype=np.int64).tolist()
     for name in ("__getitems__", "_getitems"):
       batched = getattr(src, name, None)
       if batched is not None:

@@ -37,6 +37,17 @@ def test_batched_and_scalar_evaluation_agree():
     p[12345]
 
 
+@pytest.mark.parametrize("size,seed,epoch,expected", [
+    (10, 0, 0, [9, 0, 5, 1, 3]),
+    (100_003, 42, 3, [98780, 93438, 26204, 65420, 67826]),
+    (10**10, 7, 1, [4905670491, 1474486633, 1381558864, 7098652138, 5079802721]),
+])
+def test_the_order_is_pinned(size, seed, epoch, expected):
+  # Saved iterator states are positions in this order: a faster evaluation
+  # must give the same shuffled positions, or old checkpoints resume elsewhere.
+  assert IndexPermutation(size, seed, epoch)(np.array([0, 1, 2, 3, size - 1])).tolist() == expected
+
+
 def test_positions_are_roughly_uniform():
   n, trials = 8, 4000
   counts = np.zeros((n, n))
