@@ -2,6 +2,7 @@
 and the LLM pipeline running unchanged on real Grain 0.2.18 and on the loader."""
 
 import os
+import time
 
 from absl import flags
 from array_record.python.array_record_module import ArrayRecordWriter
@@ -73,6 +74,20 @@ def test_paired_runs_decide_the_raw_limit_and_scaling_targets():
   assert (raw["value"], raw["status"]) == (0.90, "MISSED")
   assert "best of passes" in raw["detail"] and "median of 3 alternating pairs of runs: 0.90, 0.97, 0.88" in raw["detail"]
   assert (eff["value"], eff["status"]) == (0.89, "MISSED")
+
+
+def test_scaling_target_shows_the_machines_own_ceiling_without_changing_its_value():
+  rows = [_row("map", "loader", 0, 100.0, read_options={"num_threads": 0}),
+          _row("map", "loader", 2, 190.0, read_options=None)]
+  paired = {"map_scaling": {"scale": 2.0, "ratios": [0.89, 0.91, 0.88],
+                            "ceilings": [{"machine": 0.95, "ours_vs_machine": 0.94},
+                                         {"machine": 0.97, "ours_vs_machine": 0.94},
+                                         {"machine": 0.93, "ours_vs_machine": 0.95}]}}
+  eff = next(t for t in load.compare(rows, cores=2, pack={}, map_cost=None, paired=paired)
+             if "scaling efficiency" in t["target"])
+  assert (eff["value"], eff["status"]) == (0.89, "MISSED")
+  assert "2 copies of the single-core row at once (same pairs): 0.95, 0.97, 0.93" in eff["detail"]
+  assert "2 workers vs those copies: 0.94, 0.94, 0.95" in eff["detail"]
   assert rows[-1]["scaling_efficiency"] == 0.95  # The table keeps the best-of-passes figure.
 
 
@@ -140,3 +155,8 @@ def test_child_process_measures_a_row_with_rss_and_cpu(tmp_path):
   assert res["status"] == "ok", res
   assert res["rate"] > 0 and res["peak_rss_mb"] > 0 and res["cpu_util"] >= 0
   assert res["processes"] >= 1 and os.path.exists(files[0])
+  # The machine's ceiling: copies of one row run side by side, each in its own process.
+  t = time.perf_counter()
+  both = load._measure_at_once(spec, 2, timeout=60)  # pylint: disable=protected-access
+  assert [r["status"] for r in both] == ["ok", "ok"] and all(r["rate"] > 0 for r in both)
+  assert time.perf_counter() - t < 2 * (res["process_s"] + 5)  # Side by side, not one after the other.
