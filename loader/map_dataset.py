@@ -180,12 +180,14 @@ class MapDataset(abc.ABC, Generic[T]):
 
     return apply_lib.apply_transformations(self, transformations)
 
-  def seed(self, seed: int) -> MapDataset[T]:
+  def seed(self, seed: int | None) -> MapDataset[T]:
     """Sets the default seed of downstream `shuffle`/`random_map` without one.
 
     Each such transformation derives its own seed from `seed` and its distance
-    from this call in the pipeline.
+    from this call in the pipeline. `seed(None)` changes nothing, as in Grain.
     """
+    if seed is None:
+      return self
     return _WithSeedMapDataset(self, checks.check_seed(seed, "seed()"))
 
   def shuffle(self, seed: int | None = None) -> MapDataset[T]:
@@ -261,14 +263,14 @@ class MapDataset(abc.ABC, Generic[T]):
     """
     return RandomMapMapDataset(self, checks.resolve_fn(transform, "random_map", "random_map()"), seed=seed)
 
-  def filter(self, predicate: Callable[[T], bool]) -> MapDataset[T]:
-    """Keeps elements where `predicate` is true; others become None.
+  def filter(self, transform: Callable[[T], bool]) -> MapDataset[T]:
+    """Keeps elements where `transform` (a predicate) is true; others become None.
 
     As in Grain, `ds[i]` is None for a dropped element and iteration skips it.
     `batch` cannot follow `filter` on a MapDataset: use
     `.to_iter_dataset().batch(...)`.
     """
-    return FilterMapDataset(self, checks.resolve_fn(predicate, "filter", "filter()"))
+    return FilterMapDataset(self, checks.resolve_fn(transform, "filter", "filter()"))
 
   def batch(self, batch_size: int, *, drop_remainder: bool = False,
             batch_fn: Callable[[Sequence[T]], S] | None = None) -> MapDataset[S]:
@@ -309,10 +311,7 @@ class SourceMapDataset(MapDataset[T]):
 
   def __init__(self, source: Any):
     super().__init__()
-    if isinstance(source, source_lib.ArrayRecordSource):
-      self._reader = source
-    else:
-      self._reader = source_lib.BatchedSource(source)
+    self._reader = source_lib.BatchedSource(source)
     self._source = source
     self._len = len(source)
 
@@ -378,8 +377,9 @@ class ShuffleMapDataset(MapDataset[T]):
     super().__init__(parent)
     self._seed = _seed_or_default(parent, seed, "shuffle()")
     self._parent_len = len(parent)
-    if _infinite(self._parent_len):
-      raise ValueError("Cannot shuffle an infinite dataset; shuffle before repeat().")
+    # Shuffling after repeat() permutes all sys.maxsize positions, as Grain
+    # does: records are drawn without regard to epochs (shuffle first to keep
+    # each epoch whole).
     self._perms: dict[int, permutation.IndexPermutation] = {}
 
   def __len__(self) -> int:

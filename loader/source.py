@@ -10,6 +10,7 @@ read amortises it (and releases the GIL).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import glob
@@ -574,12 +575,37 @@ class ArrayRecordSource:
     self.close()
 
 
+def _owner(cls: type, name: str) -> type | None:
+  """The class in `cls`'s MRO that defines attribute `name`."""
+  return next((c for c in cls.__mro__ if name in vars(c)), None)
+
+
+def _batched_method(source: Any) -> str | None:
+  """The name of `source`'s batched read that agrees with its `__getitem__`, if any.
+
+  A subclass that overrides `__getitem__` (to decode records, say) but
+  inherits the batched read would return different elements by batch than by
+  index; Grain reads such a source by index, and so do we.
+  """
+  cls = type(source)
+  getitem_owner = _owner(cls, "__getitem__")
+  names = ("read", "__getitems__", "_getitems") if isinstance(source, ArrayRecordSource) else (
+      "__getitems__", "_getitems")
+  for name in names:
+    owner = _owner(cls, name)
+    if owner is not None and getitem_owner is not None and issubclass(owner, getitem_owner):
+      return name
+  return None
+
+
 class BatchedSource:
   """Gives any random-access source the batched `read(indices)` of ArrayRecordSource.
 
   Uses the wrapped source's own batched read when it has one (`read` of an
   ArrayRecordSource, `__getitems__` as in Grain's ArrayRecordDataSource and
-  `tfds.data_source`, or Grain's `_getitems`), else one `__getitem__` per index.
+  `tfds.data_source`, or Grain's `_getitems`) and it is defined alongside or
+  below the source's `__getitem__`; otherwise, and for a single index (as
+  Grain's `ds[i]` does), one `__getitem__` per index.
   """
 
   def __init__(self, source: Any):
@@ -588,6 +614,9 @@ class BatchedSource:
           "A data source needs __len__ and __getitem__ (the random-access "
           f"protocol); got {type(source).__name__}.")
     self.source = source
+    self._batched = _batched_method(source)
+    # (key, element) pairs read before a read by index failed (see read).
+    self._read_before_failure: collections.deque[tuple[int, Any]] = collections.deque()
 
   def __len__(self) -> int:
     return len(self.source)
@@ -597,11 +626,30 @@ class BatchedSource:
 
   def read(self, indices: np.ndarray) -> list[Any]:
     src = self.source
-    if isinstance(src, ArrayRecordSource):
+    if self._batched == "read":
       return src.read(indices)  # Takes the array as it is: no round trip through a list.
     keys = np.asarray(indices, dtype=np.int64).tolist()
-    for name in ("__getitems__", "_getitems"):
-      batched = getattr(src, name, None)
-      if batched is not None:
-        return list(batched(keys))
-    return [src[i] for i in keys]
+    if self._batched is not None and len(keys) > 1:
+      return list(getattr(src, self._batched)(keys))
+    out = []
+    kept = self._read_before_failure
+    try:
+      for i in keys:
+        if kept and kept[0][0] == i:
+          out.append(kept.popleft()[1])
+        else:
+          kept.clear()
+          out.append(src[i])
+    except BaseException:
+      # The engine retries a failed chunk one element at a time. A source
+      # that streams (its __getitem__ ignores the index and returns the next
+      # record, as MaxText's HFDataSource does) cannot give the elements read
+      # before the failure again, so the retry gets them from here.
+      kept.extend(zip(keys, out))
+      raise
+    return out
+
+  def __getstate__(self):
+    state = self.__dict__.copy()
+    state["_read_before_failure"] = collections.deque()
+    return state
