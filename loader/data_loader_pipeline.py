@@ -372,4 +372,5 @@ def build(data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, 
     it_ds = it_ds.map(record_data)
   if mp_options.num_workers > 0:
     it_ds = it_ds.mp_prefetch(mp_options)
+    it_ds._parent_reads_first_chunk = False  # pylint: disable=protected-access  # As Grain's DataLoader.
   return Pipeline(it_ds, num_positions, prefix_len, records_per_position)

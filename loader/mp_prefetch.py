@@ -53,7 +53,11 @@ _STOP_GRACE_S = 1.0
 
 
 class WorkerError(RuntimeError):
-  """A worker process failed; the message holds the worker's traceback."""
+  """A worker process died, or raised an exception that cannot be pickled.
+
+  An exception that pickles is raised again in the parent as itself, with a
+  note holding the worker's traceback.
+  """
 
 
 def _dumps(obj: Any) -> bytes:
@@ -83,6 +87,10 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
                  parent_pid: int) -> None:
   """Worker loop: compute requested chunks until told to stop."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+  # Sources read in this thread. Named like the parent's compute thread (and
+  # Grain's reading threads, "grain-prefetch_0"), since some sources pick
+  # their stream by the number after the underscore (MaxText's HFDataSource).
+  threading.current_thread().name = "loader-worker_0"
   outstanding: set[str] = set()  # Sent segments the parent has not acknowledged.
   lock = threading.Lock()
 
@@ -223,6 +231,9 @@ class _WorkerPool:
     self.num_workers = options.num_workers
     self.options = options
     self.worker_init_fn = worker_init_fn
+    # Whether parts compute their first chunk in the parent (see
+    # MultiprocessPrefetchIterDataset); never before a worker_init_fn ran.
+    self.parent_reads_first_chunk = worker_init_fn is None
     self.leaves: list[map_lib.MapDataset] = []
     self.procs: list[Any] = []
     self.conns: list[Any] = []
@@ -350,7 +361,8 @@ class MultiprocessChunkProducer:
   Each chunk goes to the worker with the least work outstanding; the consumer
   takes chunks in position order, so assignment never changes the stream.
   While the workers start, the parent computes the part's first (small)
-  chunk itself, unless a `worker_init_fn` must run before any element.
+  chunk itself, unless a `worker_init_fn` must run before any element or the
+  DataLoader asks for reads in its workers only, as Grain's does.
   """
 
   def __init__(self, ds: map_lib.MapDataset, pool: _WorkerPool):
@@ -367,7 +379,7 @@ class MultiprocessChunkProducer:
     self._next_start = 0
     self._next_request = 0
     self._next_consume = 0
-    self._local_first = pool.worker_init_fn is None
+    self._local_first = pool.parent_reads_first_chunk
     self._detached = False
 
   def start(self) -> None:
@@ -469,17 +481,24 @@ class MultiprocessChunkProducer:
       self._top_up()
     return start, elements, error
 
-  def _worker_error(self, w: int, index: int, failure: tuple[str, bytes | None]) -> WorkerError:
+  def _worker_error(self, w: int, index: int, failure: tuple[str, bytes | None]) -> BaseException:
+    """The worker's exception, raised again here as Grain does (so `except KeyError` still works).
+
+    Its notes say where it came from, with the worker's traceback; an
+    exception that does not survive pickling becomes a WorkerError.
+    """
     text, exc_bytes = failure
-    error = WorkerError(
-        f"Worker {w} (pid {self._pool.procs[w].pid}) raised while computing element "
-        f"{index} of {self._ds!r}:\n\n{text}")
+    where = (f"Worker {w} (pid {self._pool.procs[w].pid}) raised while computing element "
+             f"{index} of {self._ds!r}:\n\n{text}")
     if exc_bytes is not None:
       try:
-        error.__cause__ = pickle.loads(exc_bytes)
+        error = pickle.loads(exc_bytes)
       except Exception:  # pylint: disable=broad-except
-        pass
-    return error
+        error = None
+      if isinstance(error, BaseException):
+        error.add_note(where)
+        return error
+    return WorkerError(where)
 
   def close(self) -> None:
     if not self._detached:
@@ -503,6 +522,11 @@ class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
       raise TypeError(f"mp_prefetch expects loader.MultiprocessingOptions (got {options!r}).")
     self._options = options
     self._worker_init_fn = worker_init_fn
+    # The parent computes the first chunk itself while its workers start (a
+    # fast first batch). Grain's DataLoader reads only in its workers, and a
+    # source that streams instead of reading by index (MaxText's
+    # HFDataSource) relies on that, so the DataLoader turns this off.
+    self._parent_reads_first_chunk = True
 
   def _op_repr(self) -> str:
     return f".mp_prefetch(num_workers={self._options.num_workers})"
@@ -511,6 +535,7 @@ class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
     if self._options.num_workers == 0:
       return iter(self._parent)
     pool = _WorkerPool(self._options, self._worker_init_fn)
+    pool.parent_reads_first_chunk = self._parent_reads_first_chunk and self._worker_init_fn is None
 
     def factory(ds: map_lib.MapDataset, read_options) -> MultiprocessChunkProducer:
       del read_options  # Workers compute whole chunks; threads would only contend.
