@@ -21,9 +21,24 @@ def _object_array(values: Sequence[Any]) -> np.ndarray:
   return out
 
 
+def _numeric_leaf(x: Any) -> bool:
+  # Anything numpy converts by protocol (JAX and TF arrays, PIL images)
+  # stacks as an array, as Grain's np.stack does.
+  return (isinstance(x, (np.ndarray, np.generic, int, float, bool, complex))
+          or hasattr(x, "__array__") or hasattr(x, "__array_interface__"))
+
+
+def _sorted_keys(mapping: Mapping) -> list:
+  # Grain flattens dicts with their keys sorted, so batches list keys sorted.
+  try:
+    return sorted(mapping.keys())
+  except TypeError:  # Keys that do not compare: keep their order.
+    return list(mapping.keys())
+
+
 def _stack_leaves(values: Sequence[Any], path: str) -> np.ndarray:
   first = values[0]
-  if isinstance(first, (bytes, str)) or not isinstance(first, (np.ndarray, np.generic, int, float, bool, complex)):
+  if isinstance(first, (bytes, str)) or not _numeric_leaf(first):
     return _object_array(values)
   try:
     return np.stack([np.asarray(v) for v in values])
@@ -39,7 +54,8 @@ def make_batch(values: Sequence[Any], _path: str = "") -> Any:
   """Stacks `values` along a new leading axis, recursing into containers.
 
   Dicts (any Mapping), lists, tuples and namedtuples are batched per field and
-  keep their type. Numeric leaves (numpy arrays and scalars, Python numbers)
+  keep their type; as in Grain, a dict's keys come out sorted (elements may
+  list them in any order), and a None field stays None. Numeric leaves (numpy arrays and scalars, Python numbers)
   become `np.stack`-ed arrays. `bytes`, `str` and any other object become a
   1-D numpy array of dtype object holding the original objects: not `np.stack`,
   whose fixed-width 'S' dtype would silently strip trailing NUL bytes from
@@ -54,10 +70,15 @@ def make_batch(values: Sequence[Any], _path: str = "") -> Any:
   if not values:
     raise ValueError("Cannot batch an empty list of elements.")
   first = values[0]
+  if first is None or any(v is None for v in values):
+    # None is an empty subtree to Grain: it stays None, and cannot meet a value.
+    if all(v is None for v in values):
+      return None
+    raise ValueError(f"Cannot batch {_path or '<element>'}: some elements are None and some are not.")
   if isinstance(first, Mapping):
-    keys = list(first.keys())
+    keys = _sorted_keys(first)
     for v in values:
-      if not isinstance(v, Mapping) or list(v.keys()) != keys:
+      if not isinstance(v, Mapping) or v.keys() != first.keys():
         raise ValueError(
             f"Cannot batch {_path or '<element>'}: elements have different keys "
             f"({keys} vs {list(v.keys()) if isinstance(v, Mapping) else type(v).__name__}).")

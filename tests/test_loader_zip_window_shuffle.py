@@ -43,7 +43,11 @@ def test_zip_map_equals_grain_with_filtered_holes_slices_and_epochs():
   assert ours[4] == theirs[4] == (4, None, -4)
   assert list(ours[1::2]) == list(theirs[1::2])
   assert list(ours.repeat(2)) == list(theirs.repeat(2))
-  assert [b[0].tolist() for b in ours.batch(4)] == [[0, 1, 2, 3], [4, 5]]
+  for ds in (ours, theirs):  # Grain refuses a batch over filtered holes, inside a zip too.
+    with pytest.raises(ValueError, match="(?i)batch.*follow.*filter"):
+      ds.batch(4)
+    with pytest.raises(ValueError):  # A field that is None in some elements and not in others.
+      list(ds.to_iter_dataset().batch(4))
 
 
 def test_zip_map_length_mismatch_raises_like_grain():

@@ -62,7 +62,9 @@ class ZipMapDataset(map_lib.MapDataset[tuple]):
 
   @property
   def _may_contain_none(self) -> bool:
-    return False  # A tuple is an element even when it holds a None.
+    # A tuple is an element even when it holds a None; but as in Grain, a
+    # MapDataset.batch may not follow a filtered part (its holes would batch).
+    return any(p._may_contain_none for p in self._parents)  # pylint: disable=protected-access
 
   def _getitems(self, indices: np.ndarray) -> list[tuple]:
     columns = [p._getitems(indices) for p in self._parents]  # pylint: disable=protected-access
