@@ -36,6 +36,7 @@ _NAMES: dict[str, tuple[str, str]] = {
     "FirstFitPackIterDataset": (_T + "packing", "FirstFitPackIterDataset"),
     "BestFitPackIterDataset": (_T + "packing", "BestFitPackIterDataset"),
     "ConcatThenSplitIterDataset": (_T + "concat_then_split", "ConcatThenSplitIterDataset"),
+    "PackAndBatchOperation": (_T + "pack_and_batch", "PackAndBatchOperation"),  # DataLoader operations=[...].
     "BOSHandling": (_T + "concat_then_split", "BOSHandling"),
     # Combining and reordering datasets.
     "InterleaveIterDataset": (_T + "interleave", "InterleaveIterDataset"),
@@ -65,7 +66,6 @@ UNSUPPORTED: dict[str, str] = {
     "RngPool": "random_map derives each element's generator from its index; there is no pool",
     "multithread_prefetch": "use ReadOptions(num_threads=...) or mp_prefetch, whose streams match any setting",
     "ThreadPrefetchDatasetIterator": "iter(ThreadPrefetchIterDataset(...)) returns loader's iterator",
-    "PackAndBatchOperation": "the legacy DataLoader packing operation; use FirstFitPackIterDataset",
     "index_shuffle": "loader.permutation.IndexPermutation is loader's (different) index permutation",
     "assert_equal_output_after_checkpoint": (
         "a test helper; loader's is tests/loader_testing.py::assert_restore_at_every_step_gives_same_stream"),

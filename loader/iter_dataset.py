@@ -108,8 +108,10 @@ class IterDataset(abc.ABC, Generic[T]):
   def _random_access(self) -> MapBackedIterDataset | None:
     return None
 
-  def seed(self, seed: int) -> IterDataset[T]:
-    """Sets the default seed of downstream `random_map` calls without one."""
+  def seed(self, seed: int | None) -> IterDataset[T]:
+    """Sets the default seed of downstream `random_map` calls without one (None: no change)."""
+    if seed is None:
+      return self
     base = self._random_access()
     if base is not None:
       return base.rebase(base.map_dataset.seed(seed))
@@ -146,9 +148,9 @@ class IterDataset(abc.ABC, Generic[T]):
       return base.rebase(base.map_dataset.map_with_index(fn))
     return sequential.MapWithIndexIterDataset(self, fn)
 
-  def filter(self, predicate: Callable[[T], bool]) -> IterDataset[T]:
-    """Keeps elements for which `predicate` is true."""
-    fn = checks.resolve_fn(predicate, "filter", "filter()")
+  def filter(self, transform: Callable[[T], bool]) -> IterDataset[T]:
+    """Keeps elements for which `transform` (a predicate) is true."""
+    fn = checks.resolve_fn(transform, "filter", "filter()")
     base = self._random_access()
     if base is not None:
       return base.rebase(base.map_dataset.filter(fn))
@@ -167,17 +169,18 @@ class IterDataset(abc.ABC, Generic[T]):
                          unit=batch_size)
     return sequential.BatchIterDataset(self, batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
 
-  def prefetch(self, buffer_size: int | options_lib.MultiprocessingOptions) -> IterDataset[T]:
-    """Computes up to `buffer_size` elements ahead in a background thread.
+  def prefetch(self, multiprocessing_options: options_lib.MultiprocessingOptions | int) -> IterDataset[T]:
+    """Grain's deprecated alias of `mp_prefetch(multiprocessing_options)`.
 
-    For Grain compatibility, passing `MultiprocessingOptions` (Grain's
-    deprecated signature) forwards to `mp_prefetch`.
+    Ours also takes an int: a buffer of that many elements computed ahead in
+    a background thread (`ThreadPrefetchIterDataset`).
     """
-    if isinstance(buffer_size, options_lib.MultiprocessingOptions):
+    if isinstance(multiprocessing_options, options_lib.MultiprocessingOptions):
       warnings.warn("prefetch(MultiprocessingOptions) is deprecated; use mp_prefetch().",
                     DeprecationWarning, stacklevel=2)
-      return self.mp_prefetch(buffer_size)
-    return sequential.ThreadPrefetchIterDataset(self, checks.check_int(buffer_size, "buffer_size", minimum=0))
+      return self.mp_prefetch(multiprocessing_options)
+    return sequential.ThreadPrefetchIterDataset(
+        self, checks.check_int(multiprocessing_options, "buffer_size", minimum=0))
 
   def mp_prefetch(self, options: options_lib.MultiprocessingOptions | None = None,
                   worker_init_fn: Callable[[int, int], None] | None = None,

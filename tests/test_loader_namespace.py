@@ -46,7 +46,6 @@ _EXPERIMENTAL_NOT_SUPPORTED = {
     "CacheIterDataset": "in-memory caching of a stream; not built (use MapDataset over an in-memory source)",
     "DatasetOptions": "Grain's per-pipeline options (filter warnings, execution tracking); loader has none",
     "ExecutionTrackingMode": "Grain's execution statistics; loader collects none",
-    "PackAndBatchOperation": "legacy DataLoader packing operation; use FirstFitPackIterDataset",
     "RngPool": "Grain-internal random generator pool exposed for its map implementation",
     "ShapeDtypeStruct": "element-spec helper of get_element_spec, which loader does not have",
     "ShapeDtypeStructProtocol": "element-spec helper of get_element_spec, which loader does not have",

@@ -20,7 +20,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
   try:
     return getattr(_target(), name)
-  except AttributeError:
+  except AttributeError as e:
+    if name in _target().UNSUPPORTED:
+      raise AttributeError(str(e)) from None  # It says why, and what to use instead.
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
