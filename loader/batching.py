@@ -11,11 +11,18 @@ import numpy as np
 _ATOMIC = {bytes, str}
 
 
-def _object_array(values: Sequence[Any]) -> np.ndarray:
+def _mixed_none(path: str) -> ValueError:
+  return ValueError(f"Cannot batch {path or '<element>'}: some elements are None and some are not.")
+
+
+def _object_array(values: Sequence[Any], path: str = "") -> np.ndarray:
   out = np.empty(len(values), dtype=object)
-  if set(map(type, values)) <= _ATOMIC:
+  types = set(map(type, values))
+  if types <= _ATOMIC:
     out[:] = values  # Fast path; numpy does not split bytes/str into items.
   else:
+    if type(None) in types:
+      raise _mixed_none(path)
     for i, v in enumerate(values):  # Elementwise so sequences stay whole.
       out[i] = v
   return out
@@ -39,15 +46,18 @@ def _sorted_keys(mapping: Mapping) -> list:
 def _stack_leaves(values: Sequence[Any], path: str) -> np.ndarray:
   first = values[0]
   if isinstance(first, (bytes, str)) or not _numeric_leaf(first):
-    return _object_array(values)
+    return _object_array(values, path)
   try:
-    return np.stack([np.asarray(v) for v in values])
+    stacked = np.stack([np.asarray(v) for v in values])
   except ValueError as e:
     shapes = sorted({np.shape(v) for v in values})
     raise ValueError(
         f"Cannot batch leaf {path or '<element>'}: elements have different "
         f"shapes {shapes[:5]}. Pad them to one shape in a map() before batch(), "
         "or pass batch_fn=.") from e
+  if stacked.dtype.hasobject and any(v is None for v in values):
+    raise _mixed_none(path)
+  return stacked
 
 
 def make_batch(values: Sequence[Any], _path: str = "") -> Any:
@@ -70,11 +80,12 @@ def make_batch(values: Sequence[Any], _path: str = "") -> Any:
   if not values:
     raise ValueError("Cannot batch an empty list of elements.")
   first = values[0]
-  if first is None or any(v is None for v in values):
-    # None is an empty subtree to Grain: it stays None, and cannot meet a value.
+  if first is None:
+    # None is an empty subtree to Grain: it stays None, and cannot meet a
+    # value (checked here, and in _object_array and _stack_leaves).
     if all(v is None for v in values):
       return None
-    raise ValueError(f"Cannot batch {_path or '<element>'}: some elements are None and some are not.")
+    raise _mixed_none(_path)
   if isinstance(first, Mapping):
     keys = _sorted_keys(first)
     for v in values:
