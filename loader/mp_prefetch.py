@@ -227,13 +227,14 @@ class _WorkerPool:
   kept until that part asks for it.
   """
 
-  def __init__(self, options: options_lib.MultiprocessingOptions, worker_init_fn: Callable[[int, int], None] | None):
+  def __init__(self, options: options_lib.MultiprocessingOptions, worker_init_fn: Callable[[int, int], None] | None,
+               parent_reads_first_chunk: bool = True):
     self.num_workers = options.num_workers
     self.options = options
     self.worker_init_fn = worker_init_fn
     # Whether parts compute their first chunk in the parent (see
     # MultiprocessPrefetchIterDataset); never before a worker_init_fn ran.
-    self.parent_reads_first_chunk = worker_init_fn is None
+    self.parent_reads_first_chunk = parent_reads_first_chunk and worker_init_fn is None
     self.leaves: list[map_lib.MapDataset] = []
     self.procs: list[Any] = []
     self.conns: list[Any] = []
@@ -534,8 +535,7 @@ class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
   def __iter__(self) -> iter_lib.DatasetIterator:
     if self._options.num_workers == 0:
       return iter(self._parent)
-    pool = _WorkerPool(self._options, self._worker_init_fn)
-    pool.parent_reads_first_chunk = self._parent_reads_first_chunk and self._worker_init_fn is None
+    pool = _WorkerPool(self._options, self._worker_init_fn, self._parent_reads_first_chunk)
 
     def factory(ds: map_lib.MapDataset, read_options) -> MultiprocessChunkProducer:
       del read_options  # Workers compute whole chunks; threads would only contend.
