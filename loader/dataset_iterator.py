@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 from loader import checkpoint
+from loader import dataset_options
 from loader import state as state_lib
 
 T = TypeVar("T")
@@ -90,6 +91,25 @@ def _wrap_set_state(fn):
   return set_state
 
 
+def _shared_context(parents: Sequence[DatasetIterator]) -> dataset_options.IteratorContext:
+  """One context for a new iterator and every iterator below it (as in Grain).
+
+  Options set anywhere in a pipeline (`WithOptionsIterDataset`) then reach
+  the stages before and after it.
+  """
+  if not parents:
+    return dataset_options.IteratorContext()
+  ctx = parents[0]._ctx  # pylint: disable=protected-access
+  to_visit = list(parents[1:])
+  for p in to_visit:
+    ctx.merge(p._ctx)  # pylint: disable=protected-access
+  while to_visit:
+    it = to_visit.pop()
+    it._ctx = ctx  # pylint: disable=protected-access
+    to_visit.extend(it._parents)  # pylint: disable=protected-access
+  return ctx
+
+
 class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
   """Iterator with checkpointable state, like Grain's `DatasetIterator`.
 
@@ -110,6 +130,7 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
     elif isinstance(parents, DatasetIterator):
       parents = (parents,)
     self._parents = tuple(parents)
+    self._ctx = _shared_context(self._parents)
     self._closed = False
 
   @property

@@ -25,6 +25,7 @@ import numpy as np
 
 from loader import checks
 from loader import dataset_iterator
+from loader import dataset_options
 from loader import map_dataset as map_dataset_lib
 from loader import source as source_lib
 from loader import state as state_lib
@@ -347,6 +348,10 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     self._buffer_start = 0
     self._pos = 0
     self._error: BaseException | None = None
+    # Grain's filter-ratio check on the holes `filter` leaves (set up on the
+    # first chunk: options are final only once the whole tree is built).
+    self._ratio_check: dataset_options.FilterRatioCheck | None | bool = (
+        not allow_nones and ds._may_contain_none)  # pylint: disable=protected-access
     producer.reset(0)
 
   def start_prefetch(self) -> None:
@@ -371,6 +376,8 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
         # Our own list: slots are cleared below, and a dataset's _getitems may return a list it keeps.
         self._buffer = list(elements)
         self._pos = 0
+        if self._ratio_check:
+          self._check_ratio()
         continue
       x = self._buffer[self._pos]
       # Handed out elements are the consumer's: freeing them as it drops them
@@ -379,6 +386,22 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
       self._pos += 1
       if x is not None or self._allow_nones:
         return x
+
+  def _check_ratio(self) -> None:
+    check = self._ratio_check
+    if check is True:
+      check = dataset_options.FilterRatioCheck("to_iter_dataset()", self._ctx.dataset_options)
+      self._ratio_check = check = check if check.enabled else None
+      if check is None:
+        return
+    buf = self._buffer
+    dropped = [x is None for x in buf]  # Not `None in buf`: that compares arrays with ==.
+    at = check.first_failure(len(buf), dropped if True in dropped else None)
+    if at is not None:
+      # As in Grain: the elements up to the one that closed the window come
+      # first, then the error; the next call goes on after them.
+      self._buffer = buf[:at + 1]
+      self._error = check.error()
 
   def get_state(self) -> dict[str, Any]:
     return {"next_index": self._buffer_start + self._pos}

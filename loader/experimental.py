@@ -46,6 +46,11 @@ _NAMES: dict[str, tuple[str, str]] = {
     "ZipIterDataset": (_T + "zip", "ZipIterDataset"),
     # Prefetching, devices, tuning, re-sharding.
     "ThreadPrefetchIterDataset": ("loader.sequential", "ThreadPrefetchIterDataset"),
+    "multithread_prefetch": (_T + "multithread_prefetch", "multithread_prefetch"),
+    # Per-pipeline options.
+    "DatasetOptions": ("loader.dataset_options", "DatasetOptions"),
+    "ExecutionTrackingMode": ("loader.dataset_options", "ExecutionTrackingMode"),
+    "WithOptionsIterDataset": (_T + "with_options", "WithOptionsIterDataset"),
     "device_put": (_T + "device_put", "device_put"),
     "ElasticIterator": (_T + "elastic", "ElasticIterator"),
     "pick_performance_config": (_T + "perf_config", "pick_performance_config"),
@@ -54,9 +59,6 @@ _NAMES: dict[str, tuple[str, str]] = {
 
 # Grain 0.2.18 names loader does not provide -> why, and what to use instead.
 UNSUPPORTED: dict[str, str] = {
-    "DatasetOptions": "per-pipeline options (filter-ratio warnings, execution tracking) are not implemented",
-    "ExecutionTrackingMode": "execution statistics are not collected",
-    "WithOptionsIterDataset": "per-pipeline options (DatasetOptions) are not implemented",
     "ShapeDtypeStruct": "element specs are not tracked; read one element to see its shapes",
     "ShapeDtypeStructProtocol": "element specs are not tracked; read one element to see its shapes",
     "get_element_spec": "element specs are not tracked; read one element to see its shapes",
@@ -64,7 +66,6 @@ UNSUPPORTED: dict[str, str] = {
     "set_next_index": "positions are restored with iterator.set_state()",
     "CacheIterDataset": "not implemented; convert the data to ArrayRecord and read it from disk",
     "RngPool": "random_map derives each element's generator from its index; there is no pool",
-    "multithread_prefetch": "use ReadOptions(num_threads=...) or mp_prefetch, whose streams match any setting",
     "ThreadPrefetchDatasetIterator": "iter(ThreadPrefetchIterDataset(...)) returns loader's iterator",
     "index_shuffle": "loader.permutation.IndexPermutation is loader's (different) index permutation",
     "assert_equal_output_after_checkpoint": (

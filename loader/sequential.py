@@ -19,6 +19,7 @@ import numpy as np
 from loader import batching
 from loader import checks
 from loader import dataset_iterator
+from loader import dataset_options
 from loader import state as state_lib
 from loader.dataset_iterator import DatasetIterator
 from loader.iter_dataset import IterDataset
@@ -96,14 +97,16 @@ class FilterIterDataset(SequentialIterDataset[T]):
     return "filter"
 
   def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[T]:
-    return _FilterIterator(parent, self._fn)
+    return _FilterIterator(parent, self._fn, self._op_repr().lstrip("."))
 
 
 class _FilterIterator(_ParentPositionIterator[T]):
 
-  def __init__(self, parent: DatasetIterator, fn: Callable[[Any], bool]):
+  def __init__(self, parent: DatasetIterator, fn: Callable[[Any], bool], stage: str):
     super().__init__(parent)
     self._fn = fn
+    self._stage = stage
+    self._ratio_check: dataset_options.FilterRatioCheck | None = None
 
   def __next__(self) -> T:
     while True:
@@ -114,6 +117,9 @@ class _FilterIterator(_ParentPositionIterator[T]):
       except Exception:
         self._parent.set_state(state)  # So the state (and a retry) is at x.
         raise
+      if self._ratio_check is None:  # Options are final once the whole tree is built.
+        self._ratio_check = dataset_options.FilterRatioCheck(self._stage, self._ctx.dataset_options)
+      self._ratio_check.check(bool(keep))
       if keep:
         return x
 

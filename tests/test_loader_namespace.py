@@ -44,19 +44,15 @@ NAMESPACES = {
 
 _EXPERIMENTAL_NOT_SUPPORTED = {
     "CacheIterDataset": "in-memory caching of a stream; not built (use MapDataset over an in-memory source)",
-    "DatasetOptions": "Grain's per-pipeline options (filter warnings, execution tracking); loader has none",
-    "ExecutionTrackingMode": "Grain's execution statistics; loader collects none",
     "RngPool": "Grain-internal random generator pool exposed for its map implementation",
     "ShapeDtypeStruct": "element-spec helper of get_element_spec, which loader does not have",
     "ShapeDtypeStructProtocol": "element-spec helper of get_element_spec, which loader does not have",
     "ThreadPrefetchDatasetIterator": "the iterator class behind ThreadPrefetchIterDataset; use the dataset",
-    "WithOptionsIterDataset": "carries DatasetOptions, which loader has none of",
     "assert_equal_output_after_checkpoint": "Grain's test helper; tests/loader_testing.py has loader's equivalent",
     "get_element_spec": "static element shapes/dtypes of a pipeline; not tracked by loader",
     "get_next_index": "Grain's position of a MapDataset iterator; loader's state is in get_state()",
     "set_next_index": "Grain's position of a MapDataset iterator; loader's state is in set_state()",
     "index_shuffle": "Grain's C++ index permutation; loader's permutation differs by design (shuffle order)",
-    "multithread_prefetch": "Grain's thread-based alternative to mp_prefetch; use mp_prefetch or prefetch",
 }
 
 # (Grain namespace, name) -> why loader does not have it.

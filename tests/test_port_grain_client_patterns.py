@@ -262,3 +262,76 @@ def test_pack_and_batch_operation_rejects_examples_over_the_packed_length():
     list(op(iter(records)))
   with pytest.raises(ValueError, match="lacks a feature"):
     list(op(iter([loader.Record(loader.RecordMetadata(index=0), {"u": np.arange(2)})])))
+
+
+# WithOptionsIterDataset/DatasetOptions as clients use them (a filter-ratio
+# guard; STAGE_TIMING for profiling) and multithread_prefetch (MaxText).
+OPTIONS = """
+import grain
+
+E = grain.experimental
+errors = []
+
+def take(ds, n=5000):
+  out, it = [], iter(ds)
+  try:
+    for _ in range(n):
+      out.append(next(it))
+  except StopIteration:
+    return [len(out), out[-3:], "end", None]
+  except ValueError:
+    errors.append("ValueError")
+    return [len(out), out[-3:], "ValueError", it.get_state()["next_index"]]
+
+keep = lambda x: x % 10 == 0 or x > 1500  # 90% of the first 1,500 are dropped.
+raising = E.DatasetOptions(filter_raise_threshold_ratio=0.5)
+map_filtered = grain.MapDataset.range(3000).filter(keep).to_iter_dataset()
+iter_filtered = grain.MapDataset.range(3000).to_iter_dataset().filter(keep)
+merged = E.DatasetOptions(min_shm_size=1024).merge(E.DatasetOptions(min_shm_size=512, filter_warn_threshold_ratio=None))
+doubled = grain.MapDataset.range(20).map(lambda x: x * 2).to_iter_dataset()
+it = iter(E.multithread_prefetch(doubled, num_threads=2, buffer_size=4))
+head = [next(it) for _ in range(5)]
+resumed = iter(E.multithread_prefetch(doubled, num_threads=2, buffer_size=4))
+resumed.set_state(it.get_state())
+result = dict(
+    map_filter=take(E.WithOptionsIterDataset(map_filtered, raising)),
+    iter_filter=take(E.WithOptionsIterDataset(iter_filtered, raising)),
+    # Options set before the filter reach it too.
+    set_below=take(E.WithOptionsIterDataset(grain.MapDataset.range(3000).to_iter_dataset(), raising).filter(keep)),
+    below_threshold=take(E.WithOptionsIterDataset(map_filtered, E.DatasetOptions(filter_raise_threshold_ratio=0.95))),
+    # Set later in the pipeline wins.
+    overridden=take(E.WithOptionsIterDataset(E.WithOptionsIterDataset(map_filtered, raising),
+                                             E.DatasetOptions(filter_raise_threshold_ratio=None))),
+    kept_on_merge=take(E.WithOptionsIterDataset(E.WithOptionsIterDataset(map_filtered, raising),
+                                                E.DatasetOptions(min_shm_size=4))),
+    merged=[merged.min_shm_size, merged.filter_warn_threshold_ratio, merged.filter_raise_threshold_ratio],
+    stage_timing=list(E.WithOptionsIterDataset(
+        doubled, E.DatasetOptions(execution_tracking_mode=E.ExecutionTrackingMode.STAGE_TIMING)))[:4],
+    prefetched=list(E.multithread_prefetch(doubled, num_threads=2, buffer_size=4)),
+    no_threads=E.multithread_prefetch(doubled, 0, 4) is doubled,
+    resumed=[head, list(resumed)],
+)
+"""
+
+
+def test_dataset_options_and_multithread_prefetch_behave_as_in_grain():
+  g, l = porting.run_both(OPTIONS)
+  assert plain(l.result) == plain(g.result)
+  assert l.result["map_filter"] == [100, [970, 980, 990], "ValueError", 1000]
+  assert l.result["below_threshold"][2] == "end" and l.result["overridden"][2] == "end"
+  assert l.errors == g.errors == ["ValueError"] * 4
+
+
+def test_filter_ratio_check_counts_windows_across_chunks():
+  from loader import dataset_options  # pylint: disable=g-import-not-at-top
+  check = dataset_options.FilterRatioCheck("f", dataset_options.DatasetOptions(filter_raise_threshold_ratio=0.5))
+  assert check.first_failure(2500) is None  # Nothing dropped: windows close quietly.
+  dropped = [False] * 200 + [True] * 800
+  # The open window holds 500 kept; it closes 500 elements into this run, with 300 dropped: 30%.
+  assert check.first_failure(1000, dropped) is None
+  # The next window: 500 dropped (of the run above) + 500 more here -> fails at its last element.
+  assert check.first_failure(600, [True] * 600) == 499
+  with pytest.raises(ValueError, match="dropped 100.00% of the last 1000"):
+    raise check.error()
+  with pytest.raises(ValueError, match=r"filter_raise_threshold_ratio must be None or a number in \[0, 1\]"):
+    dataset_options.DatasetOptions(filter_raise_threshold_ratio=2)
