@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -169,6 +170,13 @@ class CheckpointHandler:
   Register-free use: pass `CheckpointSave(iterator)` / `CheckpointRestore(iterator)`
   as args to a `CheckpointManager`; or name it in `item_handlers`.
   """
+
+  def __init__(self):
+    # Orbax matches args to the handlers a manager was built with when it is
+    # built: CheckpointSave/Restore must be registered by then, even if the
+    # code names them only later (`item_handlers={"ds": CheckpointHandler()}`).
+    if "orbax.checkpoint" in sys.modules:
+      _orbax_args()
 
   def save(self, directory: Any, item: Any = None, args: Any = None) -> None:
     """Writes `item`'s (or `args.item`'s) state to this process's file in `directory`."""

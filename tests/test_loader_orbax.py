@@ -16,6 +16,7 @@ import pytest
 import loader
 from loader import checkpoint
 from tests import loader_testing
+from tests import porting
 
 
 def _data_loader():
@@ -127,3 +128,30 @@ def test_data_loader_iterator_async_save_and_load(tmp_path):
 
   asyncio.run(load())
   _assert_same(loader_testing.take(restored, None), expected)
+
+
+# MaxText-style: the manager is built with item_handlers before the code ever
+# names CheckpointSave; Orbax matches args to handlers at that point.
+ITEM_HANDLERS_FIRST = """
+import json, sys
+import grain
+import orbax.checkpoint as ocp
+
+directory = sys.argv[1]
+ds = grain.MapDataset.source(list(range(30))).to_iter_dataset().batch(4)
+manager = ocp.CheckpointManager(directory, item_names=("ds",),
+                                item_handlers={"ds": grain.checkpoint.CheckpointHandler()})
+it = iter(ds)
+first = next(it).tolist()
+manager.save(1, args=ocp.args.Composite(ds=grain.checkpoint.CheckpointSave(it)))
+manager.wait_until_finished()
+restored = iter(ds)
+manager.restore(1, args=ocp.args.Composite(ds=grain.checkpoint.CheckpointRestore(restored)))
+print(json.dumps([first, next(restored).tolist()]))
+"""
+
+
+@pytest.mark.parametrize("lib", porting.LIBS)
+def test_a_manager_built_with_item_handlers_accepts_checkpoint_save_and_restore(lib, tmp_path):
+  out = porting.run_script(ITEM_HANDLERS_FIRST, lib, tmp_path, str(tmp_path / "ckpt"))
+  assert out == [[0, 1, 2, 3], [4, 5, 6, 7]]
