@@ -71,6 +71,25 @@ class OutputExistsError(ConversionError):
         "convert only the missing shards.")
 
 
+class ManifestExistsError(OutputExistsError):
+  """The output directory's manifest.json describes shards this run would drop from it."""
+
+  def __init__(self, path: str, dropped: list[str] | None):
+    self.paths = [path]
+    if dropped is None:
+      what = "exists"
+      fix = ("Convert into another directory, or pass existing='overwrite' (CLI: --overwrite) to replace it, "
+             "or existing='skip' (CLI: --skip-existing) to resume the run that wrote it")
+    else:
+      shown = ", ".join(dropped[:3]) + (f" and {len(dropped) - 3} more" if len(dropped) > 3 else "")
+      what = f"lists {len(dropped)} shard(s) this run does not convert ({shown})"
+      fix = ("Convert each dataset or split into its own directory, or pass existing='overwrite' "
+             "(CLI: --overwrite) to write a manifest of this run's shards only")
+    ConversionError.__init__(
+        self, f"{path} {what}; this run would replace it, and the shards it lists would drop out of the "
+        f"dataset. Nothing was converted. {fix}.")
+
+
 class InputError(ConversionError):
   """An input that cannot be converted as given (a directory, a FIFO, a broken link...)."""
 

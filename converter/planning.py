@@ -8,8 +8,8 @@ import os
 from typing import Any, Iterable
 
 from converter import writer as _writer
-from converter.errors import ConversionError, NoInputFilesError, OutputExistsError
-from converter.manifest import MANIFEST_NAME, ManifestError, read_manifest
+from converter.errors import ConversionError, ManifestExistsError, NoInputFilesError, OutputExistsError
+from converter.manifest import MANIFEST_NAME, ManifestError, manifest_path, read_manifest
 from converter.naming import common_dir, output_path, split_uri
 from converter.options import ConvertOptions
 from converter.tfrecord import check_regular_file
@@ -91,6 +91,30 @@ def _complete_local_array_record(path: str) -> bool:
     return False
 
 
+def _check_manifest_kept(options: ConvertOptions, outputs: list[str]) -> None:
+  """Refuses to replace a manifest.json that describes other data, unless overwriting.
+
+  Every run ends by writing the output directory's manifest of the shards it
+  planned; a second run into the same directory (another split, say) would
+  otherwise make the first run's shards vanish from the dataset.
+  """
+  if options.existing == "overwrite":
+    return
+  path = manifest_path(options.output_dir)
+  if not _writer.exists(path):
+    return
+  if options.existing == "error":
+    raise ManifestExistsError(path, None)
+  try:
+    manifest = read_manifest(options.output_dir) or {}
+  except ManifestError:
+    raise ManifestExistsError(path, None) from None  # Not ours, or damaged: not ours to replace.
+  planned = set(outputs)
+  dropped = sorted(s["output"] for s in manifest.get("shards", []) if s.get("output") not in planned)
+  if dropped:
+    raise ManifestExistsError(path, dropped)
+
+
 def plan_shards(inputs: list[str], options: ConvertOptions) -> list[ShardPlan]:
   """Maps inputs to outputs and applies the `existing` policy.
 
@@ -118,6 +142,7 @@ def plan_shards(inputs: list[str], options: ConvertOptions) -> list[ShardPlan]:
   existing = [o for o in outputs if _writer.exists(o)]
   if existing and options.existing == "error":
     raise OutputExistsError(existing)
+  _check_manifest_kept(options, outputs)
   previous: dict[str, dict[str, Any]] = {}
   if existing and options.existing == "skip":
     try:

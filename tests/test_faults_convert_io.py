@@ -181,3 +181,29 @@ def test_lock_file_is_hidden_and_gone_after_a_run(tmp_path, small):
   out = tmp_path / "out"
   assert convert.main(args(inp, out)) == 0
   assert ondisk.LOCK_NAME not in os.listdir(out)
+
+
+def test_a_second_run_into_the_same_directory_never_drops_the_first_runs_shards(tmp_path, small, capsys):
+  inp, _ = small
+  other = tmp_path / "other"
+  ft.make_dataset(str(other), 1, 10, 100, seed=2)
+  os.rename(other / "ds.tfrecord-00000-of-00001", other / "test.tfrecord-00000-of-00001")
+  out = tmp_path / "out"
+  assert convert.main(args(inp, out)) == 0
+  manifest = (out / ondisk.MANIFEST_NAME).read_bytes()
+  capsys.readouterr()
+  # Another split into the same directory: its manifest would list only the new shard.
+  assert convert.main(args(other, out)) == 2
+  line = error_line(capsys)
+  assert f"{out / ondisk.MANIFEST_NAME} exists" in line and "Nothing was converted" in line, line
+  # Resuming does not license it either: the manifest lists shards this run does not convert.
+  assert convert.main(args(other, out, "--skip-existing")) == 2
+  line = error_line(capsys)
+  assert "lists 3 shard(s) this run does not convert" in line and "--overwrite" in line, line
+  assert (out / ondisk.MANIFEST_NAME).read_bytes() == manifest
+  assert sorted(os.listdir(out)) == sorted([ondisk.MANIFEST_NAME] + [ft.out_name(n) for n in os.listdir(inp)])
+  # A resume of the same run, and an explicit overwrite, still work.
+  assert convert.main(args(inp, out, "--skip-existing")) == 0
+  assert convert.main(args(other, out, "--overwrite")) == 0
+  shards = json.loads((out / ondisk.MANIFEST_NAME).read_text())["shards"]
+  assert [os.path.basename(s["output"]) for s in shards] == [ft.out_name("test.tfrecord-00000-of-00001")]
