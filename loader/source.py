@@ -245,6 +245,39 @@ def _locate_shard(directory: str, output: str, manifest: dict[str, Any]) -> str:
   return candidates[0]
 
 
+_SHARD_NAME = re.compile(r"^(.*)-(\d{5})-of-(\d{5})(.*)$")
+
+
+def _check_complete_directory(directory: str, found: list[str]) -> None:
+  """Refuses a directory without a manifest that a conversion left incomplete.
+
+  The converter writes manifest.json last; without it, a directory holding
+  the converter's lock file, or only some of the `-NNNNN-of-MMMMM` shards of
+  a name, is being written or was interrupted, and reading it would quietly
+  train on part of the data. A glob of the files reads them anyway.
+  """
+  anyway = f"to read just these files anyway, pass a glob: {os.path.join(directory, '*.array_record*')!r}"
+  if os.path.exists(os.path.join(directory, ondisk.LOCK_NAME)):
+    raise ValueError(
+        f"Directory {directory} has no {MANIFEST_NAME} and holds a conversion's lock file "
+        f"({ondisk.LOCK_NAME}): a conversion is writing it or was interrupted. Wait for it to finish, "
+        f"or rerun it with --skip-existing to complete it; {anyway}.")
+  groups: dict[tuple[str, str, int], set[int]] = collections.defaultdict(set)
+  for f in found:
+    m = _SHARD_NAME.match(os.path.basename(f))
+    if m:
+      groups[(m.group(1), m.group(4), int(m.group(3)))].add(int(m.group(2)))
+  for (head, tail, total), have in sorted(groups.items()):
+    missing = sorted(set(range(total)) - have)
+    if missing:
+      shown = ", ".join(f"{head}-{i:05d}-of-{total:05d}{tail}" for i in missing[:3])
+      more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+      raise ValueError(
+          f"Directory {directory} has no {MANIFEST_NAME} and only {len(have)} of the {total} shards of "
+          f"{head}-*-of-{total:05d}{tail} (missing: {shown}{more}): an interrupted or partial copy or "
+          f"conversion? Complete it (the converter's --skip-existing resumes a run); {anyway}.")
+
+
 def _resolve_paths(paths) -> list[tuple[str, int | None]]:
   """Expands paths/globs/directories into (file, known record count or None)."""
   if isinstance(paths, (str, os.PathLike)):
@@ -271,6 +304,7 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
       if not found:
         raise FileNotFoundError(
             f"Directory {p} has neither a {MANIFEST_NAME} nor any *.array_record* files.")
+      _check_complete_directory(p, found)
       files.extend((f, None) for f in found)
     elif glob.has_magic(p):
       found = sorted(f for f in glob.glob(p) if os.path.isfile(f))

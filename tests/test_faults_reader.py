@@ -156,3 +156,25 @@ def test_verify_checks_the_copy_it_is_given(tmp_path, capsys):
   (ds_b / "x.array_record").unlink()
   assert verify.main(["--input", str(tmp_path / "in" / "*"), "--output", str(ds_b)]) == 1
   assert f"FAIL {ds_b}/x.array_record" in capsys.readouterr().out
+
+
+def test_a_directory_a_conversion_left_incomplete_is_refused_not_read_in_part(tmp_path):
+  d = tmp_path / "out"
+  d.mkdir()
+  for i in (0, 1):
+    write_uncompressed(str(d / f"train.array_record-{i:05d}-of-00004"), 10 * i, 10)
+  write_uncompressed(str(d / "test.array_record-00000-of-00001"), 100, 5)
+  with pytest.raises(ValueError) as e:
+    loader.ArrayRecordSource(str(d))
+  line = str(e.value)
+  assert "\n" not in line and "only 2 of the 4 shards of train.array_record-*-of-00004" in line, line
+  assert "train.array_record-00002-of-00004, train.array_record-00003-of-00004" in line, line
+  # A glob is an explicit choice of files: read as given.
+  assert len(loader.ArrayRecordSource(str(d / "*.array_record*"))) == 25
+  for i in (2, 3):
+    write_uncompressed(str(d / f"train.array_record-{i:05d}-of-00004"), 10 * i, 10)
+  assert len(loader.ArrayRecordSource(str(d))) == 45
+  # A conversion's lock file without a manifest: being written, or interrupted.
+  (d / ".arrayrecord-toolkit.lock").write_text("{}")
+  with pytest.raises(ValueError, match="holds a conversion's lock file"):
+    loader.ArrayRecordSource(str(d))
