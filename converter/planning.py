@@ -108,7 +108,7 @@ def _check_manifest_kept(options: ConvertOptions, outputs: list[str]) -> None:
   try:
     manifest = read_manifest(options.output_dir) or {}
   except ManifestError:
-    raise ManifestExistsError(path, None) from None  # Not ours, or damaged: not ours to replace.
+    return  # Damaged: a resume rebuilds it from the shards' own files.
   planned = set(outputs)
   dropped = sorted(s["output"] for s in manifest.get("shards", []) if s.get("output") not in planned)
   if dropped:
