@@ -16,8 +16,12 @@ from converter.tfrecord import COMPRESSIONS
 
 def add_converter_flags(parser: argparse.ArgumentParser, *, io: bool = True) -> None:
   if io:
-    parser.add_argument("--input", action="append", required=True, metavar="PATTERN",
-                        help="TFRecord file or glob (local or gs://); repeatable.")
+    # nargs="+": an unquoted glob that the shell expanded into many files
+    # converts them all (with "append" only the first was taken and the rest
+    # went unnoticed to Beam's flags).
+    parser.add_argument("--input", action="extend", nargs="+", required=True, metavar="PATTERN",
+                        help="TFRecord files or globs (local or gs://); several may follow one --input, "
+                        "and --input is repeatable.")
     parser.add_argument("--output", required=True, metavar="DIR",
                         help="Output directory for the ArrayRecord shards and manifest.json.")
   parser.add_argument("--writer-options", "--writer_options", dest="writer_options",

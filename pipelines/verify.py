@@ -119,7 +119,7 @@ def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
 
 def main(argv: Sequence[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-  p.add_argument("--input", action="append", required=True, metavar="PATTERN")
+  p.add_argument("--input", action="extend", nargs="+", required=True, metavar="PATTERN")
   p.add_argument("--output", required=True, metavar="DIR")
   p.add_argument("--compression", default="auto", choices=("auto", "gzip", "zlib", "none"))
   p.add_argument("--on-corrupt", "--on_corrupt", dest="on_corrupt", default="fail",

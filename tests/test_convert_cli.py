@@ -257,3 +257,13 @@ def test_misspelled_flag_is_refused_not_dropped(tmp_path, dataset, capsys):
   err = capsys.readouterr().err
   assert "--on_corupt" in err and "Beam pipeline option" in err
   assert not out.exists()
+
+
+def test_an_unquoted_glob_the_shell_expanded_converts_every_file(tmp_path, dataset, ar_read):
+  inp, recs = dataset
+  out = tmp_path / "out"
+  files = sorted(str(inp / n) for n in recs)  # What `--input in/*` becomes in the shell.
+  assert convert.main(["--input", *files, "--output", str(out), "--quiet", "--workers", "1"]) == 0
+  assert sorted(os.listdir(out)) == sorted([out_name(n) for n in recs] + ["manifest.json"])
+  for name, r in recs.items():
+    assert ar_read(str(out / out_name(name))) == r
