@@ -61,14 +61,19 @@ class NoInputFilesError(ConversionError):
 class OutputExistsError(ConversionError):
   """Outputs exist and neither overwrite nor skip was asked for."""
 
-  def __init__(self, paths: list[str]):
+  def __init__(self, paths: list[str], problem: str | None = None):
     self.paths = list(paths)
     shown = ", ".join(self.paths[:5]) + (f" and {len(self.paths) - 5} more" if len(self.paths) > 5 else "")
-    super().__init__(
-        f"{len(self.paths)} output file(s) already exist: {shown}. Nothing was "
-        "converted. Pass existing='overwrite' (CLI: --overwrite) to replace "
-        "them, or existing='skip' (CLI: --skip-existing) to keep them and "
-        "convert only the missing shards.")
+    if problem is None:
+      super().__init__(
+          f"{len(self.paths)} output file(s) already exist: {shown}. Nothing was "
+          "converted. Pass existing='overwrite' (CLI: --overwrite) to replace "
+          "them, or existing='skip' (CLI: --skip-existing) to keep them and "
+          "convert only the missing shards.")
+    else:
+      super().__init__(
+          f"{len(self.paths)} existing output file(s) {problem}: {shown}. Nothing was converted. "
+          "Move them away, or pass existing='overwrite' (CLI: --overwrite) to replace them.")
 
 
 class ManifestExistsError(OutputExistsError):

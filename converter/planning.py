@@ -91,6 +91,18 @@ def _complete_local_array_record(path: str) -> bool:
     return False
 
 
+# Every ArrayRecord (Riegeli) file starts with this block header signature.
+_RIEGELI_SIGNATURE = b"\x83\xaf\x70\xd1\x0d\x88\x4a\x3f"
+
+
+def _starts_as_array_record(path: str) -> bool:
+  try:
+    with open(path, "rb") as f:
+      return f.read(len(_RIEGELI_SIGNATURE)) == _RIEGELI_SIGNATURE
+  except OSError:
+    return False
+
+
 def _check_manifest_kept(options: ConvertOptions, outputs: list[str]) -> None:
   """Refuses to replace a manifest.json that describes other data, unless overwriting.
 
@@ -152,9 +164,17 @@ def plan_shards(inputs: list[str], options: ConvertOptions) -> list[ShardPlan]:
     previous = {s["output"]: s for s in manifest.get("shards", []) if s.get("status") != "failed"}
   plans = []
   existing_set = set(existing)
+  if options.existing == "skip":
+    # A damaged ArrayRecord file is redone; a file that is no ArrayRecord at
+    # all (the user's own, under an output name) is replaced only with
+    # existing='overwrite'.
+    complete = {o for o in existing if not _writer.is_local(o) or _complete_local_array_record(o)}
+    foreign = [o for o in existing if o not in complete and not _starts_as_array_record(o)]
+    if foreign:
+      raise OutputExistsError(foreign, "are not ArrayRecord files, so --skip-existing can neither keep "
+                                       "nor replace them")
   for i, o in zip(inputs, outputs):
-    keep = (options.existing == "skip" and o in existing_set
-            and (not _writer.is_local(o) or _complete_local_array_record(o)))
+    keep = options.existing == "skip" and o in complete
     if keep:
       plans.append(ShardPlan(input=i, output=o, action="keep", previous=previous.get(o)))
     else:

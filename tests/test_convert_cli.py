@@ -267,3 +267,16 @@ def test_an_unquoted_glob_the_shell_expanded_converts_every_file(tmp_path, datas
   assert sorted(os.listdir(out)) == sorted([out_name(n) for n in recs] + ["manifest.json"])
   for name, r in recs.items():
     assert ar_read(str(out / out_name(name))) == r
+
+
+def test_skip_existing_never_replaces_a_file_that_is_no_array_record(tmp_path, dataset, capsys):
+  inp, recs = dataset
+  out = tmp_path / "out"
+  out.mkdir()
+  mine = out / out_name(sorted(recs)[1])
+  mine.write_bytes(b"my notes")  # The user's own file under an output name.
+  args = ["--input", str(inp / "*"), "--output", str(out), "--quiet", "--workers", "1", "--skip-existing"]
+  assert convert.main(args) == 2
+  err = capsys.readouterr().err
+  assert "are not ArrayRecord files" in err and str(mine) in err and "--overwrite" in err, err
+  assert mine.read_bytes() == b"my notes" and sorted(os.listdir(out)) == [mine.name]
