@@ -143,12 +143,16 @@ def plan_shards(inputs: list[str], options: ConvertOptions) -> list[ShardPlan]:
   root = options.input_root or common_dir(inputs)
   outputs = [output_path(i, root, options.output_dir, options.suffix) for i in inputs]
   seen: dict[str, str] = {}
+  # Compared as absolute paths: inputs come from the glob as absolute paths,
+  # while a relative --output gives relative output names.
+  as_local = lambda p: os.path.abspath(p) if _writer.is_local(p) else p
+  input_set = {as_local(i) for i in inputs}
   for i, o in zip(inputs, outputs):
     if o in seen:
       raise ConversionError(
           f"Inputs {seen[o]!r} and {i!r} would both be written to {o!r}. Rename "
           "one of them or convert them into different output directories.")
-    if o in inputs:
+    if as_local(o) in input_set:
       raise ConversionError(f"Output {o!r} would overwrite the input of the same name.")
     seen[o] = i
   existing = [o for o in outputs if _writer.exists(o)]

@@ -280,3 +280,16 @@ def test_skip_existing_never_replaces_a_file_that_is_no_array_record(tmp_path, d
   err = capsys.readouterr().err
   assert "are not ArrayRecord files" in err and str(mine) in err and "--overwrite" in err, err
   assert mine.read_bytes() == b"my notes" and sorted(os.listdir(out)) == [mine.name]
+
+
+def test_an_output_that_is_an_input_is_refused_with_relative_paths_too(tmp_path, dataset, monkeypatch, capsys):
+  inp, _ = dataset
+  monkeypatch.chdir(inp.parent)
+  base = ["--input", "in/*", "--output", "in", "--quiet", "--workers", "1"]
+  assert convert.main(base) == 0  # in/x.tfrecord -> in/x.array_record
+  before = mtimes(inp)
+  capsys.readouterr()
+  # Now in/* also matches the outputs: converting them would rewrite them in place.
+  assert convert.main(base + ["--overwrite", "--on-corrupt", "skip"]) == 2
+  assert "would overwrite the input of the same name" in capsys.readouterr().err
+  assert mtimes(inp) == before
