@@ -153,9 +153,12 @@ class Interrupted(ConversionError):
 
   exit_code = 130  # 128 + SIGINT, as shells report it.
 
-  def __init__(self, complete: int, total: int):
+  def __init__(self, complete: int, total: int, signal_name: str | None = None):
     self.complete, self.total = complete, total
-    super().__init__(f"interrupted; {complete} of {total} shards complete; rerun with "
+    if signal_name == "SIGTERM":
+      self.exit_code = 143  # 128 + SIGTERM.
+    how = f"stopped by {signal_name}" if signal_name and signal_name != "SIGINT" else "interrupted"
+    super().__init__(f"{how}; {complete} of {total} shards complete; rerun with "
                      "--skip-existing to resume")
 
 

@@ -21,8 +21,9 @@ import errno
 import os
 import shutil
 import signal
+import sys
 import threading
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from converter import writer as _writer
 from converter.errors import CompressionMismatchError, Interrupted, OutputError, OutputLockedError
@@ -56,8 +57,9 @@ class ConversionGuard:
     self.local = _writer.is_local(self.output_dir)
     self._created: list[str] = []
     self._lock: ondisk.DirLock | None = None
-    self.interrupted = False
-    self._old_handler = None
+    self.interrupted: str | None = None  # The signal that stopped the run.
+    self._old_handlers: dict[int, Any] = {}
+    self._watchdog: threading.Timer | None = None
     try:
       check_compression(inputs, options.compression)
       if self.local:
@@ -109,26 +111,40 @@ class ConversionGuard:
     if threading.current_thread() is threading.main_thread():
       # Beam turns a KeyboardInterrupt raised inside a DoFn into a RuntimeError;
       # note the signal itself so any form of it reads as an interruption.
-      self._old_handler = signal.getsignal(signal.SIGINT)
-      if self._old_handler is signal.default_int_handler:
-        signal.signal(signal.SIGINT, self._on_sigint)
-      else:
-        self._old_handler = None
+      # SIGTERM too (`kill`, `timeout`, `docker stop`): without a handler the
+      # process dies at once, leaving its lock, temp file and Beam workers.
+      for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(signum) is default:
+          self._old_handlers[signum] = default
+          signal.signal(signum, self._on_signal)
     return self
 
-  def _on_sigint(self, signum, frame):
-    self.interrupted = True
+  def _on_signal(self, signum, frame):
+    if self.interrupted:  # Asked again: stop now.
+      _stop_now(f"stopped by a second {signal.Signals(signum).name}", 128 + signum)
+    self.interrupted = signal.Signals(signum).name
+    # Beam can hang when interrupted while it starts its worker processes; a
+    # stop must not depend on it (the lock is an flock, freed at exit, and the
+    # next run removes dead runs' temp files).
+    self._watchdog = threading.Timer(
+        _STOP_GRACE_S, _stop_now, (f"stopped by {self.interrupted}, but Beam did not shut down within "
+                                   f"{_STOP_GRACE_S:.0f} s; rerun with --skip-existing to resume", 128 + signum))
+    self._watchdog.daemon = True
+    self._watchdog.start()
     raise KeyboardInterrupt
 
   def __exit__(self, exc_type, exc, tb) -> None:
-    if self._old_handler is not None:
-      signal.signal(signal.SIGINT, self._old_handler)
-      self._old_handler = None
+    for signum, handler in self._old_handlers.items():
+      signal.signal(signum, handler)
+    self._old_handlers = {}
+    if self._watchdog is not None:
+      self._watchdog.cancel()
+      self._watchdog = None
     failed = exc_type is not None
     interrupted = self.interrupted or (exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
     self._release(failed=failed)
     if interrupted:
-      raise Interrupted(self.complete_shards(), len(self.plans)) from None
+      raise Interrupted(self.complete_shards(), len(self.plans), self.interrupted) from None
 
   def _release(self, failed: bool) -> None:
     if failed and self.local and os.path.isdir(self.output_dir):
@@ -144,6 +160,41 @@ class ConversionGuard:
         except OSError:
           break
       self._created = []
+
+
+_STOP_GRACE_S = 20.0
+
+
+def _descendants() -> list[int]:
+  """Pids of this process's descendants (Linux /proc; empty elsewhere)."""
+  children: dict[str, list[str]] = {}
+  for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+    if entry.isdigit():
+      try:
+        with open(f"/proc/{entry}/stat", "rb") as f:
+          ppid = f.read().rsplit(b")", 1)[1].split()[1].decode()
+      except (OSError, IndexError):
+        continue  # Gone meanwhile.
+      children.setdefault(ppid, []).append(entry)
+  out, todo = [], [str(os.getpid())]
+  while todo:
+    for c in children.get(todo.pop(), ()):
+      out.append(int(c))
+      todo.append(c)
+  return out
+
+
+def _stop_now(message: str, code: int) -> None:
+  """Ends the process at once: its worker processes (SIGKILL), then itself, after one line."""
+  for pid in _descendants():
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except OSError:
+      pass  # Gone meanwhile.
+  try:
+    print(f"arrayrecord-convert: {message}", file=sys.stderr, flush=True)
+  finally:
+    os._exit(code)  # pylint: disable=protected-access
 
 
 def check_compression(inputs: Sequence[str], compression: str) -> None:

@@ -90,18 +90,21 @@ def test_kill_9_then_skip_existing_gives_a_complete_manifest(tmp_path, dataset, 
   assert {s["digest_from"] for s in manifest["shards"]} == {"manifest"}
 
 
-def test_ctrl_c_prints_one_line_exits_130_and_leaves_no_temp(tmp_path, dataset, ar_read):
+@pytest.mark.parametrize("sig, code, how", [(signal.SIGINT, 130, "interrupted"),
+                                            (signal.SIGTERM, 143, "stopped by SIGTERM")])
+def test_ctrl_c_or_sigterm_prints_one_line_and_leaves_no_temp(tmp_path, dataset, ar_read, sig, code, how):
+  # SIGINT is Ctrl-C; SIGTERM is what `kill`, `timeout` and `docker stop` send.
   inp, recs = dataset
   out = tmp_path / "out"
   proc = ft.start_cli(CONVERT, *convert_args(inp, out))
   ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
   ft.stop(proc)
-  proc.send_signal(signal.SIGINT)  # What Ctrl-C sends; delivered when the run continues.
+  proc.send_signal(sig)  # Delivered when the run continues.
   proc.send_signal(signal.SIGCONT)
   stdout, stderr = proc.communicate(timeout=120)
-  assert proc.returncode == 130, stderr
+  assert proc.returncode == code, stderr
   done = ft.published(str(out))
-  assert ft.one_line(stderr) == (f"arrayrecord-convert: interrupted; {len(done)} of {SHARDS} "
+  assert ft.one_line(stderr) == (f"arrayrecord-convert: {how}; {len(done)} of {SHARDS} "
                                  "shards complete; rerun with --skip-existing to resume")
   assert ft.temps(str(out)) == []
   assert ft.listing(str(out)) == done  # No lock file, no manifest, nothing half-written.
