@@ -14,7 +14,7 @@ import xxhash
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from converter import ConvertOptions, MatchFiles, TFRecordReader
+from converter import ConvertOptions, MatchFiles, OutputExistsError, TFRecordReader
 from converter import writer as _writer
 from pipelines import build
 
@@ -66,15 +66,22 @@ class _KeyRecordsFn(beam.DoFn):
       yield shard, record
 
 
+def _reshard_path(prefix: str, shard: int, num_shards: int, suffix: str) -> str:
+  return f"{prefix}-{shard:05d}-of-{num_shards:05d}{suffix}"
+
+
 class _WriteShardFn(beam.DoFn):
-  def __init__(self, prefix: str, num_shards: int, suffix: str, writer_options: str):
+  def __init__(self, prefix: str, num_shards: int, suffix: str, writer_options: str, overwrite: bool):
     self._prefix, self._num_shards = prefix, num_shards
     self._suffix, self._writer_options = suffix, writer_options
+    self._overwrite = overwrite
 
   def process(self, keyed):
     shard, records = keyed
-    path = f"{self._prefix}-{shard:05d}-of-{self._num_shards:05d}{self._suffix}"
-    with _writer.ArrayRecordShardWriter(path, self._writer_options) as w:
+    path = _reshard_path(self._prefix, shard, self._num_shards, self._suffix)
+    # Without overwrite, a file another writer published meanwhile is not replaced either.
+    expect = _writer.REPLACE_ANY if self._overwrite else None
+    with _writer.ArrayRecordShardWriter(path, self._writer_options, expect=expect) as w:
       for r in records:
         if r is not None:
           w.write(r)
@@ -91,7 +98,8 @@ def convert_tf_to_arrayrecord_disk(
   (override with args['file_name_suffix']). Every shard exists, even if empty.
   Records are assigned to shards by a hash of (file, index); order inside a
   shard follows Beam's grouping and is not defined, as in the reference. Use
-  the match-shards pipeline to keep order.
+  the match-shards pipeline to keep order. Existing outputs are refused unless
+  args['existing'] == 'overwrite' (the reference replaced them silently).
   """
   if args is None:
     raise ValueError("args={'input': ..., 'output': ...} is required.")
@@ -103,6 +111,14 @@ def convert_tf_to_arrayrecord_disk(
                            compression=args.get("compression", "auto"),
                            on_corrupt=args.get("on_corrupt", "fail"))
   suffix = args.get("file_name_suffix", ".arrayrecord")
+  existing = args.get("existing", "error")
+  if existing not in ("error", "overwrite"):
+    raise ValueError(f"args['existing'] must be 'error' or 'overwrite' for re-sharding (got {existing!r}).")
+  if existing == "error":
+    present = [o for o in (_reshard_path(args["output"], i, num_shards, suffix) for i in range(num_shards))
+               if _writer.exists(o)]
+    if present:
+      raise OutputExistsError(present, "would be replaced by re-sharding")
   p = beam.Pipeline(options=pipeline_options or build.pipeline_options([]))
   keyed = (p | "MatchInputs" >> MatchFiles(patterns)
            | "ReadAndKey" >> beam.ParDo(
@@ -111,5 +127,5 @@ def convert_tf_to_arrayrecord_disk(
   _ = ((keyed, every_shard) | "Merge" >> beam.Flatten()
        | "GroupByShard" >> beam.GroupByKey()
        | "WriteShards" >> beam.ParDo(_WriteShardFn(
-           args["output"], num_shards, suffix, options.writer_options)))
+           args["output"], num_shards, suffix, options.writer_options, existing == "overwrite")))
   return p

@@ -12,7 +12,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import pipelines
-from converter import read_manifest
+from converter import OutputExistsError, read_manifest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,6 +98,23 @@ def test_reshard_more_shards_than_records(tmp_path, tf_write, ar_read):
   p.run().wait_until_finish()
   names = sorted(os.listdir(prefix.parent))
   assert names == [f"s-{i:05d}-of-00005.ar" for i in range(5)]  # Every shard exists.
+  assert sorted(r for n in names for r in ar_read(str(prefix.parent / n))) == [b"1", b"2"]
+
+
+def test_reshard_never_replaces_existing_outputs_without_overwrite(tmp_path, tf_write, ar_read):
+  src = tf_write(str(tmp_path / "in" / "few.tfrecord"), [b"1", b"2"])
+  prefix = tmp_path / "out" / "s"
+  prefix.parent.mkdir()
+  mine = prefix.parent / "s-00001-of-00002.arrayrecord"
+  mine.write_bytes(b"mine")
+  args = {"input": src, "output": str(prefix)}
+  with pytest.raises(OutputExistsError, match="1 existing output file.* would be replaced by re-sharding"):
+    pipelines.convert_tf_to_arrayrecord_disk(num_shards=2, args=args, pipeline_options=PipelineOptions([]))
+  assert mine.read_bytes() == b"mine" and os.listdir(prefix.parent) == [mine.name]
+  p = pipelines.convert_tf_to_arrayrecord_disk(num_shards=2, args={**args, "existing": "overwrite"},
+                                               pipeline_options=PipelineOptions([]))
+  p.run().wait_until_finish()
+  names = sorted(os.listdir(prefix.parent))
   assert sorted(r for n in names for r in ar_read(str(prefix.parent / n))) == [b"1", b"2"]
 
 
