@@ -89,7 +89,9 @@ def default_seed(parent: Any) -> int | None:
     node, depth = to_visit.pop(0)
     seed = getattr(node, "_seed_rng_seed", None)
     if seed is not None:
-      aggregated.extend((seed, depth))
+      # An IterDataset.seed() folded into the MapDataset lies one level deeper
+      # than Grain's node above to_iter_dataset(): count it where Grain has it.
+      aggregated.extend((seed, depth - 1 if getattr(node, "_iter_level_seed", False) else depth))
     else:
       to_visit.extend((p, depth + 1) for p in getattr(node, "parents", ()) or ())
   if not aggregated:

@@ -114,7 +114,11 @@ class IterDataset(abc.ABC, Generic[T]):
       return self
     base = self._random_access()
     if base is not None:
-      return base.rebase(base.map_dataset.seed(seed))
+      seeded = base.map_dataset.seed(seed)
+      # In Grain this node sits above to_iter_dataset(); folded, it sits below
+      # ours, one level further from later random ops (see checks.default_seed).
+      seeded._iter_level_seed = True  # pylint: disable=protected-access
+      return base.rebase(seeded)
     return sequential.WithSeedIterDataset(self, checks.check_seed(seed, "seed()"))
 
   def map(self, transform: Callable[[T], S]) -> IterDataset[S]:

@@ -335,3 +335,25 @@ def test_filter_ratio_check_counts_windows_across_chunks():
     raise check.error()
   with pytest.raises(ValueError, match=r"filter_raise_threshold_ratio must be None or a number in \[0, 1\]"):
     dataset_options.DatasetOptions(filter_raise_threshold_ratio=2)
+
+
+# IterDataset.seed() then random ops: the per-element random values are Grain's.
+ITER_SEED = """
+import grain
+
+f = lambda x, rng: int(rng.integers(1000))
+it = grain.MapDataset.range(6).to_iter_dataset()
+result = dict(
+    seed_random_map=list(it.seed(3).random_map(f)),
+    seed_map_random_map=list(it.seed(3).map(lambda x: x).random_map(f)),
+    map_seed_random_map=list(it.map(lambda x: x).seed(3).random_map(f)),
+    two_random_maps=list(it.seed(3).random_map(f).random_map(lambda x, rng: x * 1000 + int(rng.integers(1000)))),
+    after_filter=list(it.seed(3).filter(lambda x: True).random_map(f)),
+    map_level_seed=list(grain.MapDataset.range(6).seed(3).to_iter_dataset().map(lambda x: x).random_map(f)),
+)
+"""
+
+
+def test_iter_dataset_seed_gives_grains_random_values():
+  g, l = porting.run_both(ITER_SEED)
+  assert plain(l.result) == plain(g.result)
