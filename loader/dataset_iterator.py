@@ -204,8 +204,8 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
     if not state_lib.same_as_grain(ds):
       raise state_lib.StateMismatchError(
           f"{type(self).__name__}.set_state: {state!r} has no pipeline description (written by Grain?), and "
-          f"this pipeline ({' -> '.join(description)}) has seeded or stateful operations whose order differs "
-          "from Grain's by design, so that position would resume at a different element. "
+          f"this pipeline ({' -> '.join(description)}) has operations whose stream loader does not "
+          "guarantee to be Grain's, so that position could resume at a different element. "
           "Restore a state saved by loader, or start over.")
 
 

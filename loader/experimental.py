@@ -22,6 +22,7 @@ _NAMES: dict[str, tuple[str, str]] = {
     "FlatMapTransform": ("loader.transforms", "FlatMap"),
     "MapWithIndexTransform": ("loader.transforms", "MapWithIndex"),
     "apply_transformations": ("loader.apply", "apply_transformations"),
+    "index_shuffle": ("loader.permutation", "index_shuffle"),
     # Sources that are read front to back.
     "ParquetIterDataset": ("loader.iter_sources.parquet", "ParquetIterDataset"),
     "TFRecordIterDataset": ("loader.iter_sources.tfrecord", "TFRecordIterDataset"),
@@ -67,7 +68,6 @@ UNSUPPORTED: dict[str, str] = {
     "CacheIterDataset": "not implemented; convert the data to ArrayRecord and read it from disk",
     "RngPool": "random_map derives each element's generator from its index; there is no pool",
     "ThreadPrefetchDatasetIterator": "iter(ThreadPrefetchIterDataset(...)) returns loader's iterator",
-    "index_shuffle": "loader.permutation.IndexPermutation is loader's (different) index permutation",
     "assert_equal_output_after_checkpoint": (
         "a test helper; loader's is tests/loader_testing.py::assert_restore_at_every_step_gives_same_stream"),
 }

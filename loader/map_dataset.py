@@ -191,10 +191,10 @@ class MapDataset(abc.ABC, Generic[T]):
     return _WithSeedMapDataset(self, checks.check_seed(seed, "seed()"))
 
   def shuffle(self, seed: int | None = None) -> MapDataset[T]:
-    """Globally shuffles, with a new permutation in every epoch.
+    """Globally shuffles, with a new permutation in every epoch (Grain's order).
 
-    O(1) memory whatever the length: positions go through a seeded Feistel
-    permutation (see `loader.permutation`), never an array of indices.
+    O(1) memory whatever the length: positions go through Grain's seeded index
+    shuffle (see `loader.permutation`), never an array of indices.
 
     Args:
       seed: Integer in [0, 2**32-1]; defaults to one derived from `seed()`.
@@ -371,7 +371,9 @@ def _seed_or_default(ds: MapDataset, seed: int | None, what: str) -> int:
 
 
 class ShuffleMapDataset(MapDataset[T]):
-  """Global shuffle by a per-epoch seeded permutation (O(1) memory)."""
+  """Global shuffle in Grain's order: epoch e is Grain's index shuffle seeded `(seed + e) % 2**32` (O(1) memory)."""
+
+  _same_as_grain = True
 
   def __init__(self, parent: MapDataset[T], *, seed: int | None = None):
     super().__init__(parent)
@@ -380,7 +382,6 @@ class ShuffleMapDataset(MapDataset[T]):
     # Shuffling after repeat() permutes all sys.maxsize positions, as Grain
     # does: records are drawn without regard to epochs (shuffle first to keep
     # each epoch whole).
-    self._perms: dict[int, permutation.IndexPermutation] = {}
 
   def __len__(self) -> int:
     return self._parent_len
@@ -389,12 +390,7 @@ class ShuffleMapDataset(MapDataset[T]):
     return f".shuffle(seed={self._seed})"
 
   def _perm(self, epoch: int) -> permutation.IndexPermutation:
-    perm = self._perms.get(epoch)
-    if perm is None:
-      if len(self._perms) > 8:
-        self._perms.clear()
-      perm = self._perms[epoch] = permutation.IndexPermutation(self._parent_len, self._seed, epoch)
-    return perm
+    return permutation.IndexPermutation(self._parent_len, (self._seed + epoch) % 2**32)
 
   def _getitems(self, indices: np.ndarray) -> list[T]:
     n = self._parent_len
@@ -411,11 +407,6 @@ class ShuffleMapDataset(MapDataset[T]):
         mask = epochs == e
         shuffled[mask] = self._perm(int(e))(pos[mask])
     return self._parent._getitems(epochs * n + shuffled)
-
-  def __getstate__(self):
-    state = self.__dict__.copy()
-    state["_perms"] = {}
-    return state
 
 
 class RepeatMapDataset(MapDataset[T]):

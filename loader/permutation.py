@@ -1,18 +1,19 @@
-"""Stateless pseudo-random permutations of `range(n)` for global shuffling.
+"""Grain's index shuffle, evaluated for whole arrays of positions.
 
-`IndexPermutation(n, seed, epoch)` maps positions to shuffled positions without
-ever materialising an array of `n` indices: memory is O(1) in `n`, so a
-10**10-record dataset shuffles as cheaply as a small one.
+`index_shuffle(i, max_index, seed, rounds)` returns what Grain's C++
+`grain.experimental.index_shuffle` returns, so `MapDataset.shuffle`,
+`WindowShuffle*` and `IndexSampler` visit records in Grain's exact order.
+The construction (Grain's, which follows TensorFlow's random_index_shuffle): a
+Simon-style Feistel cipher on blocks of `B` bits, `B` the smallest even
+number >= max(16, ceil(log2(max_index))), round keys from C++'s
+`std::seed_seq{seed}`, and cycle walking (re-encrypting until the value is
+<= max_index). Nothing of size `max_index` is ever materialised, so shuffling
+10**10 records costs as little memory as shuffling ten.
 
-Construction: a Feistel network on the mixed-radix domain `Z_a x Z_b` with
-`a = ceil(sqrt(n))`, `b = ceil(n / a)` (so `a * b` exceeds `n` by less than
-`a`), alternating the modulus each round, as in the FFX/FF1 format-preserving
-ciphers. Each round is invertible whatever the round function, so the network
-is a bijection on `[0, a*b)`; values landing in `[n, a*b)` are re-encrypted
-until they fall inside `[0, n)` (cycle walking), which keeps it a bijection on
-`[0, n)`. A power-of-two Feistel would overshoot `n` by up to 4x and walk
-several times per chunk; here walks are rare. Everything is vectorised over
-numpy uint64, so a chunk of indices costs a few dozen array operations.
+Ours is vectorised with numpy over uint32 halves: a 64k-position chunk takes a
+few milliseconds. Small domains (16-bit blocks, up to 65,537 positions), where
+walks are long, are solved once per seed over the whole block by pointer
+doubling and cached.
 """
 
 from __future__ import annotations
@@ -22,99 +23,183 @@ import math
 
 import numpy as np
 
-_M64 = (1 << 64) - 1
-_ROUNDS = 6  # Even, so the halves end in (Z_a, Z_b); 4 already gives a PRP.
-_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
-_MUL2 = np.uint64(0x94D049BB133111EB)
-_S31 = np.uint64(31)
-_S29 = np.uint64(29)
+_M32 = 0xFFFFFFFF
+_MIN_BLOCK_BITS = 16
+DEFAULT_ROUNDS = 4
 
 
-def splitmix64(x: int) -> int:
-  """SplitMix64 finaliser of a 64-bit integer (a cheap, well-mixed hash)."""
-  x = (x + 0x9E3779B97F4A7C15) & _M64
-  x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-  x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-  return x ^ (x >> 31)
+def seed_seq_generate(seed: int, n: int) -> list[int]:
+  """`std::seed_seq{seed}.generate(out, out + n)` of C++ (its algorithm is fixed by the standard)."""
+  v = [seed & _M32]
+  s = len(v)
+  b = [0x8B8B8B8B] * n
+  if n == 0:
+    return b
+  t = 11 if n >= 623 else 7 if n >= 68 else 5 if n >= 39 else 3 if n >= 7 else (n - 1) // 2
+  p = (n - t) // 2
+  q = p + t
+  m = max(s + 1, n)
+  mix = lambda x: x ^ (x >> 27)
+  for k in range(m):
+    r1 = (1664525 * mix(b[k % n] ^ b[(k + p) % n] ^ b[(k - 1) % n])) & _M32
+    r2 = (r1 + (s if k == 0 else (k % n + (v[k - 1] if k <= s else 0)))) & _M32
+    b[(k + p) % n] = (b[(k + p) % n] + r1) & _M32
+    b[(k + q) % n] = (b[(k + q) % n] + r2) & _M32
+    b[k % n] = r2
+  for k in range(m, m + n):
+    r3 = (1566083941 * mix((b[k % n] + b[(k + p) % n] + b[(k - 1) % n]) & _M32)) & _M32
+    r4 = (r3 - k % n) & _M32
+    b[(k + p) % n] ^= r3
+    b[(k + q) % n] ^= r4
+    b[k % n] = r4
+  return b
+
+
+def block_bits(max_index: int) -> int:
+  """Grain's block size in bits for positions in [0, max_index] (the C++ computes it in double)."""
+  bits = math.ceil(math.log2(float(max_index)))
+  return max(bits + bits % 2, _MIN_BLOCK_BITS)
+
+
+def check_rounds(rounds: int) -> int:
+  if not isinstance(rounds, (int, np.integer)) or isinstance(rounds, bool) or not (
+      4 <= rounds <= 1024 and rounds % 2 == 0):
+    raise ValueError(f"rounds must be an even integer between 4 and 1024, but got rounds = {rounds!r}")
+  return int(rounds)
+
+
+class _Cipher:
+  """Grain's Simon-style block cipher on `2 * word` bits, for uint64 arrays."""
+
+  def __init__(self, word: int, seed: int, rounds: int):
+    self.word = word
+    self._mask = np.uint32((1 << word) - 1)
+    # A round key is XORed into a `word`-bit half: only its low bits count.
+    self._keys = [np.uint32(k & ((1 << word) - 1)) for k in seed_seq_generate(seed, rounds)]
+    self._shifts = {r: (np.uint32(r), np.uint32(word - r)) for r in (1, 2, 8)}
+
+  def _rotl(self, x: np.ndarray, r: int) -> np.ndarray:
+    left, right = self._shifts[r]
+    out = np.left_shift(x, left)
+    out |= x >> right
+    if self.word < 32:
+      out &= self._mask
+    return out
+
+  def _f(self, x: np.ndarray) -> np.ndarray:
+    out = self._rotl(x, 1)
+    out &= self._rotl(x, 8)
+    out ^= self._rotl(x, 2)
+    return out
+
+  def encrypt(self, value: np.ndarray) -> np.ndarray:
+    """Encrypts uint64 `value` (its bits above the block are dropped, as the C++ bitsets do)."""
+    w = np.uint64(self.word)
+    left = (value >> w).astype(np.uint32) & self._mask
+    right = value.astype(np.uint32) & self._mask
+    keys = self._keys
+    for i in range(0, len(keys), 2):
+      left ^= self._f(right)
+      left ^= keys[i]
+      right ^= self._f(left)
+      right ^= keys[i + 1]
+    out = left.astype(np.uint64) << w
+    out |= right
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _small_table(seed: int, rounds: int, max_index: int) -> np.ndarray:
+  """Shuffled position of every position in [0, max_index], for 16-bit blocks.
+
+  A walk can be long here (for 10 positions, ~6,500 steps on average), so walk
+  the whole block at once by pointer doubling: jump[y] is reached from y in
+  one or more steps through values all above max_index; doubling the jumps
+  until they land inside takes at most 16 rounds over 65,536 entries.
+  """
+  cipher = _Cipher(_MIN_BLOCK_BITS // 2, seed, rounds)
+  jump = cipher.encrypt(np.arange(1 << _MIN_BLOCK_BITS, dtype=np.uint64)).astype(np.int64)
+  outside = np.flatnonzero(jump > max_index)
+  # After k rounds an unresolved jump spans >= 2**k steps, so 17 rounds cover
+  # any cycle; what is still outside then lies on cycles that never come
+  # inside, which no position in [0, max_index] reaches.
+  for _ in range(_MIN_BLOCK_BITS + 1):
+    if not outside.size:
+      break
+    jump[outside] = jump[jump[outside]]
+    outside = outside[jump[outside] > max_index]
+  # max_index = 65536 does not fit the block: the C++ encrypts its low 16 bits.
+  return jump[np.arange(max_index + 1) & 0xFFFF]
+
+
+def shuffle_positions(positions: np.ndarray, max_index: int, seed: int, rounds: int = DEFAULT_ROUNDS, *,
+                      bijective: bool = True) -> np.ndarray:
+  """`index_shuffle(p, max_index, seed, rounds)` of every p in `positions` (int64, all in [0, max_index]).
+
+  With `bijective` (for shuffling datasets), one case where Grain's is not a
+  permutation is repaired: when `max_index` is 2**B for Grain's block of B bits
+  (a dataset of 65,537, 262,145, ... records), the block cannot hold
+  `max_index`, so Grain maps it where it maps 0 (one record twice per epoch,
+  the last never). Positions below it are a bijection onto [0, max_index)
+  there, so `max_index` maps to itself and every other position stays Grain's.
+  """
+  pos = np.asarray(positions, dtype=np.int64)
+  if max_index == 0:
+    return np.zeros_like(pos)
+  seed &= _M32
+  bits = block_bits(max_index)
+  if bijective and max_index == 1 << bits:
+    out = shuffle_positions(pos, max_index, seed, rounds, bijective=False)
+    out[pos == max_index] = max_index
+    return out
+  if bits == _MIN_BLOCK_BITS:
+    return _small_table(seed, rounds, int(max_index))[pos]
+  cipher = _cipher(bits // 2, seed, rounds)
+  limit = np.uint64(max_index)
+  out = cipher.encrypt(pos.astype(np.uint64))
+  outside = np.flatnonzero(out > limit)
+  while outside.size:  # Cycle walking; at least 1/4 of the block is inside.
+    walked = cipher.encrypt(out[outside])
+    out[outside] = walked
+    outside = outside[walked > limit]
+  return out.astype(np.int64)
 
 
 @functools.lru_cache(maxsize=64)
-def _round_keys(seed: int, epoch: int) -> tuple[int, ...]:
-  # Hashing (seed, epoch) jointly, not seed + epoch as Grain does, keeps
-  # (seed=0, epoch=1) and (seed=1, epoch=0) from sharing a permutation.
-  state = splitmix64(splitmix64(seed & _M64) ^ (epoch & _M64))
-  keys = []
-  for _ in range(_ROUNDS):
-    state = splitmix64(state)
-    keys.append(state)
-  return tuple(keys)
+def _cipher(word: int, seed: int, rounds: int) -> _Cipher:
+  return _Cipher(word, seed, rounds)
 
 
-def _reduce(x: np.ndarray, modulus: np.uint64, tmp: np.ndarray) -> None:
-  """x %= modulus, in place (`tmp` is scratch space of x's shape)."""
-  np.floor_divide(x, modulus, out=tmp)
-  tmp *= modulus
-  x -= tmp
+def index_shuffle(index: int, max_index: int, seed: int, rounds: int) -> int:
+  """Grain's `grain.experimental.index_shuffle`: position `index` of a seeded permutation of [0, max_index]."""
+  rounds = check_rounds(rounds)
+  index, max_index, seed = int(index), int(max_index), int(seed)
+  if not 0 <= index <= max_index:
+    raise ValueError(f"index must be in [0, max_index], but got index = {index} and max_index = {max_index}")
+  if not 0 <= seed < 2**32:
+    raise ValueError(f"seed must be an integer in [0, 2**32-1] (got {seed}).")
+  return int(shuffle_positions(np.array([index], dtype=np.int64), max_index, seed, rounds, bijective=False)[0])
 
 
 class IndexPermutation:
-  """A seeded bijection on `[0, size)`, evaluated for arrays of positions.
+  """Grain's shuffle of `[0, size)` for one seed, evaluated for arrays of positions.
 
   Attributes:
     size: Number of positions permuted.
   """
 
-  def __init__(self, size: int, seed: int, epoch: int = 0):
+  def __init__(self, size: int, seed: int):
     if not 0 <= size <= 2**63:
       raise ValueError(f"size must be in [0, 2**63] (got {size=}).")
     self.size = int(size)
-    a = math.isqrt(self.size - 1) + 1 if self.size > 1 else 1
-    self._a = np.uint64(a)
-    self._b = np.uint64(-(-self.size // a) if self.size else 1)
-    self._keys = [np.uint64(k) for k in _round_keys(int(seed), int(epoch))]
-
-  def _encrypt(self, x: np.ndarray) -> np.ndarray:
-    # `a - (a // m) * m` instead of `a % m`: numpy divides by a scalar with
-    # libdivide for `//` but not for `%`, which makes a chunk's permutation
-    # ~2x faster with the same results. In place, to spare temporaries.
-    b = self._b
-    left = x // b  # In Z_a.
-    right = x - left * b  # In Z_b.
-    moduli = (self._a, b)
-    f = np.empty_like(left)
-    tmp = np.empty_like(left)
-    for i, key in enumerate(self._keys):
-      # Round function: a splitmix-style mixer of (right + key).
-      np.add(right, key, out=f)
-      f *= _MUL1
-      np.right_shift(f, _S31, out=tmp)
-      f ^= tmp
-      f *= _MUL2
-      np.right_shift(f, _S29, out=tmp)
-      f ^= tmp
-      modulus = moduli[i % 2]
-      _reduce(f, modulus, tmp)
-      left += f  # Both below the modulus: no overflow.
-      _reduce(left, modulus, tmp)
-      left, right = right, left
-    left *= b
-    left += right
-    return left
+    self.seed = int(seed) & _M32
 
   def __call__(self, positions: np.ndarray) -> np.ndarray:
     """Returns the shuffled position of each of `positions` (as int64)."""
     pos = np.asarray(positions)
     if self.size <= 1:
       return pos.astype(np.int64, copy=True)
-    with np.errstate(over="ignore"):  # uint64 arithmetic is meant to wrap.
-      out = self._encrypt(pos.astype(np.uint64))
-      limit = np.uint64(self.size)
-      outside = np.flatnonzero(out >= limit)
-      while outside.size:
-        walked = self._encrypt(out[outside])
-        out[outside] = walked
-        outside = outside[walked >= limit]
-    return out.astype(np.int64)
+    return shuffle_positions(pos, self.size - 1, self.seed)
 
   def __getitem__(self, position: int) -> int:
     if not 0 <= position < self.size:

@@ -2,9 +2,8 @@
 
 A sampler maps a global index (epochs included) to a `RecordMetadata` naming
 the record key. `IndexSampler` reproduces Grain's: it shards the record keys
-into contiguous pieces, shuffles each epoch with a new permutation (our
-permutation, so the shuffled order differs from Grain's while every epoch
-holds the same records), and seeds each record's generator exactly as Grain
+into contiguous pieces, shuffles each epoch with a new permutation (Grain's
+order), and seeds each record's generator exactly as Grain
 does (`Philox(key=seed + index)`), so random transformations produce the same
 values for the same index. Its `repr` equals Grain's, which matters because
 DataLoader checkpoints embed it.

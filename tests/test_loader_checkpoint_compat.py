@@ -157,11 +157,33 @@ def test_grain_state_resumes_at_the_element_grain_resumes_at(grain_run, name, k)
   assert [[int(v) for v in b] for b in it] == grain_out["rest"]
 
 
-def test_grain_state_of_a_shuffled_pipeline_is_refused(grain_run):
-  state = grain_run("shuffled", 3)["state"]
+@pytest.mark.parametrize("k", [0, 3, 12, 13])
+def test_grain_state_of_a_shuffled_pipeline_resumes_at_grains_element(grain_run, k):
+  # Shuffles are Grain's order, so Grain's position means the same element here.
+  grain_out = grain_run("shuffled", k)
   it = iter(_ours("shuffled"))
-  with pytest.raises(state_lib.StateMismatchError, match="order differs from Grain's by design"):
+  it.set_state(grain_out["state"])
+  assert [[int(v) for v in b] for b in it] == grain_out["rest"]
+
+
+def test_grain_state_of_a_random_map_pipeline_is_refused(grain_run):
+  state = grain_run("shuffled", 3)["state"]
+  it = iter(loader.MapDataset.range(100).shuffle(seed=3).random_map(lambda x, rng: x + rng.integers(2), seed=1)
+            .to_iter_dataset().batch(8))
+  with pytest.raises(state_lib.StateMismatchError, match="not guarantee to be Grain's"):
     it.set_state(state)
+
+
+def test_states_of_the_previous_format_restore_only_without_a_shuffle():
+  # Version 2 shuffled in another order: its positions mean other elements now.
+  plain = loader.MapDataset.range(20).map(lambda x: x + 1).to_iter_dataset().batch(2)
+  state = {**_state_after(plain, 3), "loader_state_version": 2}
+  it = iter(plain)
+  it.set_state(state)
+  assert next(it).tolist() == [7, 8]
+  shuffled = _pipeline()
+  with pytest.raises(state_lib.StateMismatchError, match="format version 2 is not supported"):
+    iter(shuffled).set_state({**_state_after(shuffled, 2), "loader_state_version": 2})
 
 
 def test_grain_mp_prefetch_state_is_refused(grain_run):

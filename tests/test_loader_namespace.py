@@ -52,7 +52,6 @@ _EXPERIMENTAL_NOT_SUPPORTED = {
     "get_element_spec": "static element shapes/dtypes of a pipeline; not tracked by loader",
     "get_next_index": "Grain's position of a MapDataset iterator; loader's state is in get_state()",
     "set_next_index": "Grain's position of a MapDataset iterator; loader's state is in set_state()",
-    "index_shuffle": "Grain's C++ index permutation; loader's permutation differs by design (shuffle order)",
 }
 
 # (Grain namespace, name) -> why loader does not have it.

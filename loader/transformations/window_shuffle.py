@@ -1,17 +1,18 @@
-"""`WindowShuffleMapDataset` / `WindowShuffleIterDataset`: shuffling within windows (Grain's).
+"""`WindowShuffleMapDataset` / `WindowShuffleIterDataset`: shuffling within windows, in Grain's order.
 
 Both split the input into consecutive windows of `window_size` elements and
-permute each window with its own seeded permutation, so element sets per
-window are Grain's. The permutation itself is ours (a keyed Feistel network
-like `loader.permutation`, vectorised over many windows at once), so the
-order inside a window differs from Grain's by design.
+permute window `w` with Grain's index shuffle seeded `seed + w`, so the
+stream is Grain's: the stream version yields each window's permutation from
+its end, as Grain's pops it.
 
-Difference from Grain: windows restart at every epoch, and the last, shorter
-window of an epoch is permuted within itself. Grain's `WindowShuffleMapDataset`
-lets that window reach past the end of the dataset, so one pass can return an
-element twice and miss another (e.g. `range(10)`, `window_size=4`, `seed=0`
-yields 1 twice and no 9); ours always yields each element once per epoch, and
-a new window permutation in every epoch.
+One difference, in the map version where Grain's is wrong: when the length is
+not a multiple of `window_size`, Grain lets the last window of an epoch reach
+past the end of the dataset, so one pass can return an element twice and miss
+another (e.g. `range(10)`, `window_size=4`, `seed=0` yields 1 twice and no 9).
+Ours permutes that shorter window within itself and starts the next epoch's
+windows at its start, so each epoch holds every element once; full windows of
+the first epoch, and every window when the length is a multiple of
+`window_size` (or the dataset is infinite), are Grain's.
 
 The map version is random access (runs in `mp_prefetch` workers). The stream
 version holds one window; its state has Grain's keys,
@@ -21,7 +22,6 @@ version holds one window; its state has Grain's keys,
 
 from __future__ import annotations
 
-import math
 from typing import Any, TypeVar
 
 import numpy as np
@@ -34,60 +34,18 @@ from loader import state as state_lib
 
 T = TypeVar("T")
 
-_ROUNDS = 6
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
-_MUL2 = np.uint64(0x94D049BB133111EB)
 
-
-def _mix(x: np.ndarray) -> np.ndarray:
-  """SplitMix64 of every entry of a uint64 array (wrapping arithmetic)."""
-  x = x + _GOLDEN
-  x = (x ^ (x >> np.uint64(30))) * _MUL1
-  x = (x ^ (x >> np.uint64(27))) * _MUL2
-  return x ^ (x >> np.uint64(31))
-
-
-def window_keys(seed: int, epochs: np.ndarray, windows: np.ndarray) -> np.ndarray:
-  """One 64-bit key per (seed, epoch, window): distinct windows get unrelated permutations."""
-  base = np.uint64(permutation.splitmix64(seed))
-  with np.errstate(over="ignore"):
-    return _mix(_mix(np.asarray(epochs).astype(np.uint64) ^ base) ^ np.asarray(windows).astype(np.uint64))
-
-
-def permute_in_windows(offsets: np.ndarray, keys: np.ndarray, size: int) -> np.ndarray:
-  """Position `offsets[j]` of a window of `size` elements keyed `keys[j]` -> shuffled position.
-
-  A Feistel network on `Z_a x Z_b` (`a*b >= size`) with cycle walking, as in
-  `loader.permutation`, but with a key per entry so many windows are permuted
-  in one pass.
-  """
+def permute_in_windows(offsets: np.ndarray, seeds: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+  """Offset `offsets[j]` of a window of `sizes[j]` elements seeded `seeds[j]` -> Grain's shuffled offset."""
   offsets = np.asarray(offsets, dtype=np.int64)
-  if size <= 1:
-    return offsets.copy()
-  a = np.uint64(math.isqrt(size - 1) + 1)
-  b = np.uint64(-(-size // int(a)))
-  moduli = (a, b)
-  with np.errstate(over="ignore"):
-    round_keys = [_mix(np.asarray(keys, dtype=np.uint64) + np.uint64(r) * _GOLDEN) for r in range(_ROUNDS)]
-
-    def encrypt(x: np.ndarray, sel: np.ndarray | None) -> np.ndarray:
-      left, right = np.divmod(x, b)
-      for r, rk in enumerate(round_keys):
-        f = right + (rk if sel is None else rk[sel])
-        f = _mix(f) % moduli[r % 2]
-        left = (left + f) % moduli[r % 2]
-        left, right = right, left
-      return left * b + right
-
-    out = encrypt(offsets.astype(np.uint64), None)
-    limit = np.uint64(size)
-    outside = np.flatnonzero(out >= limit)
-    while outside.size:  # Cycle walking: re-encrypt until inside [0, size).
-      walked = encrypt(out[outside], outside)
-      out[outside] = walked
-      outside = outside[walked >= limit]
-  return out.astype(np.int64)
+  out = np.empty_like(offsets)
+  groups = np.stack([np.asarray(seeds, np.int64), np.asarray(sizes, np.int64)], axis=1)
+  keys, inverse = np.unique(groups, axis=0, return_inverse=True)
+  inverse = inverse.reshape(-1)
+  for g, (seed, size) in enumerate(keys.tolist()):
+    mask = inverse == g
+    out[mask] = permutation.shuffle_positions(offsets[mask], size - 1, seed)
+  return out
 
 
 def _check_args(window_size: Any, seed: Any, what: str) -> tuple[int, int]:
@@ -107,11 +65,13 @@ class WindowShuffleMapDataset(map_lib.MapDataset[T]):
     super().__init__(parent)
     self._window_size, self._seed = _check_args(window_size, seed, "WindowShuffleMapDataset")
     self._parent_len = len(parent)
-    if self._parent_len >= 2**62:
-      raise ValueError("Cannot window-shuffle an infinite dataset; shuffle before repeat().")
 
   def __len__(self) -> int:
     return self._parent_len
+
+  @property
+  def _same_as_grain(self) -> bool:
+    return self._parent_len % self._window_size == 0 or self._parent_len >= 2**62
 
   def _op_repr(self) -> str:
     return f".window_shuffle(window_size={self._window_size}, seed={self._seed})"
@@ -123,15 +83,15 @@ class WindowShuffleMapDataset(map_lib.MapDataset[T]):
     n, ws = self._parent_len, self._window_size
     if not n:
       raise IndexError(f"Cannot read from an empty dataset: {self!r}")
-    epochs, pos = np.divmod(indices, n)
+    if n >= 2**62:  # Infinite: one epoch of consecutive windows, as in Grain.
+      epochs, pos = np.zeros_like(indices), indices
+    else:
+      epochs, pos = np.divmod(indices, n)
     windows, offsets = np.divmod(pos, ws)
-    keys = window_keys(self._seed, epochs, windows)
-    shuffled = np.empty_like(offsets)
-    last_size = n - (n - 1) // ws * ws  # Size of each epoch's last window.
-    in_last = windows == (n - 1) // ws
-    for mask, size in ((~in_last, ws), (in_last, last_size)):
-      if mask.any():
-        shuffled[mask] = permute_in_windows(offsets[mask], keys[mask], size)
+    per_epoch = -(-n // ws)
+    seeds = (self._seed + epochs * per_epoch + windows) % 2**32
+    sizes = np.where(windows == per_epoch - 1, n - (per_epoch - 1) * ws, ws)
+    shuffled = permute_in_windows(offsets, seeds, sizes)
     return self._parent._getitems(epochs * n + windows * ws + shuffled)  # pylint: disable=protected-access
 
 
@@ -143,6 +103,8 @@ class WindowShuffleIterDataset(iter_lib.SequentialIterDataset[T]):
     window_size: Elements per window (held in memory), a positive integer.
     seed: Integer in [0, 2**32-1].
   """
+
+  _same_as_grain = True
 
   def __init__(self, parent: iter_lib.IterDataset[T], *, window_size: int, seed: int):
     super().__init__(parent)
@@ -156,6 +118,8 @@ class WindowShuffleIterDataset(iter_lib.SequentialIterDataset[T]):
 
 
 class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
+
+  _grain_state_keys = ("parent_window_start_state", "window_index", "pos_in_window")
 
   def __init__(self, parent: iter_lib.DatasetIterator, window_size: int, seed: int):
     super().__init__(parent)
@@ -182,8 +146,9 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
       raise
     if not elements:
       raise StopIteration
-    key = window_keys(self._seed, np.zeros(1, np.int64), np.array([self._window_index]))
-    order = permute_in_windows(np.arange(len(elements)), np.repeat(key, len(elements)), len(elements))
+    # Grain pops its shuffled window from the end.
+    order = permutation.shuffle_positions(np.arange(len(elements) - 1, -1, -1), len(elements) - 1,
+                                          (self._seed + self._window_index) % 2**32)
     self._window = [elements[j] for j in order.tolist()]
     self._pos = 0
 
@@ -209,13 +174,17 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
     owner = type(self).__name__
     state_lib.check_keys(state, ("parent_window_start_state", "window_index", "pos_in_window"), owner)
     w = checks.check_int(state["window_index"], "window_index", minimum=0)
-    pos = checks.check_int(state["pos_in_window"], "pos_in_window", minimum=0, maximum=self._window_size - 1)
+    pos = checks.check_int(state["pos_in_window"], "pos_in_window", minimum=0, maximum=self._window_size)
     self._parent.set_state(state["parent_window_start_state"])
     self._window, self._pos, self._window_index = None, 0, w
     if pos:
       self._fill()
-      if pos >= len(self._window):
+      if pos > len(self._window):
         raise state_lib.StateMismatchError(
             f"{owner}.set_state: pos_in_window={pos} but the window at this state has only "
             f"{len(self._window)} elements; was the state saved from a different pipeline?")
       self._pos = pos
+      if pos == len(self._window):
+        # Grain's state after a window's last element: its window_index is
+        # already the next window's, and the parent goes on after this one.
+        self._window, self._pos = None, 0
