@@ -107,7 +107,7 @@ def _philox_key(seed: int) -> int:
   return int(key[0]) | (int(key[1]) << 64)
 
 
-def element_rng(seed: int, index: int) -> np.random.Generator:
+def element_rng(seed: int, index: int, *, op_seed: int = 0) -> np.random.Generator:
   """The random generator of the element at `index` (epochs included).
 
   The same generator as Grain's `random_map` (`Philox(seed)` with the counter
@@ -115,4 +115,5 @@ def element_rng(seed: int, index: int) -> np.random.Generator:
   The index sits in the counter's top word: Philox increments the low word,
   so each element gets its own 2**192-block stream, no overlaps.
   """
-  return np.random.Generator(np.random.Philox(key=_philox_key(seed), counter=int(index) << 192))
+  counter = (int(index) << 192) | (int(op_seed) << 128)
+  return np.random.Generator(np.random.Philox(key=_philox_key(seed), counter=counter))

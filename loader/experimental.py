@@ -23,6 +23,7 @@ _NAMES: dict[str, tuple[str, str]] = {
     "MapWithIndexTransform": ("loader.transforms", "MapWithIndex"),
     "apply_transformations": ("loader.apply", "apply_transformations"),
     "index_shuffle": ("loader.permutation", "index_shuffle"),
+    "RngPool": ("loader.rng_pool", "RngPool"),
     # Sources that are read front to back.
     "ParquetIterDataset": ("loader.iter_sources.parquet", "ParquetIterDataset"),
     "TFRecordIterDataset": ("loader.iter_sources.tfrecord", "TFRecordIterDataset"),
@@ -66,7 +67,6 @@ UNSUPPORTED: dict[str, str] = {
     "get_next_index": "positions are checkpointed with iterator.get_state()",
     "set_next_index": "positions are restored with iterator.set_state()",
     "CacheIterDataset": "not implemented; convert the data to ArrayRecord and read it from disk",
-    "RngPool": "random_map derives each element's generator from its index; there is no pool",
     "ThreadPrefetchDatasetIterator": "iter(ThreadPrefetchIterDataset(...)) returns loader's iterator",
     "assert_equal_output_after_checkpoint": (
         "a test helper; loader's is tests/loader_testing.py::assert_restore_at_every_step_gives_same_stream"),

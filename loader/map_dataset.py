@@ -515,7 +515,9 @@ class MapWithIndexMapDataset(MapDataset[S]):
 
 
 class RandomMapMapDataset(MapDataset[S]):
-  """Applies fn(element, rng) with rng = Philox(key=seed) at counter `index`."""
+  """Applies fn(element, rng) with rng = Philox(key=seed) at counter `index` (Grain's draws)."""
+
+  _same_as_grain = True
 
   def __init__(self, parent: MapDataset[T], fn: Callable[[T, np.random.Generator], S], *, seed: int | None = None):
     super().__init__(parent)

@@ -147,6 +147,21 @@ def test_random_map_depends_only_on_seed_and_index():
   assert list(_ints(40).shuffle(seed=1).random_map(fn, seed=10).repeat(2)) != forward
 
 
+def test_random_map_and_rng_pool_draw_grains_values():
+  grain = pytest.importorskip("grain")
+  fn = lambda x, rng: (x, int(rng.integers(1 << 30)), float(rng.random()))
+  make = lambda lib: lib.MapDataset.range(30).shuffle(seed=4).random_map(fn, seed=11).repeat(2)
+  assert list(make(loader)) == list(make(grain))
+  theirs, ours = grain.experimental.RngPool(7), loader.experimental.RngPool(7)
+  for index, op_seed in [(0, 0), (5, 0), (5, 3), (2**40, 1)]:
+    g, l = theirs.acquire_rng(index, op_seed=op_seed), ours.acquire_rng(index, op_seed=op_seed)
+    assert l.integers(1 << 62, size=4).tolist() == g.integers(1 << 62, size=4).tolist()
+    theirs.release_rng(g)
+    ours.release_rng(l)
+  with pytest.raises(ValueError, match="index"):
+    ours.acquire_rng(-1)
+
+
 Point = collections.namedtuple("Point", ["x", "y"])
 
 

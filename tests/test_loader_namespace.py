@@ -44,7 +44,6 @@ NAMESPACES = {
 
 _EXPERIMENTAL_NOT_SUPPORTED = {
     "CacheIterDataset": "in-memory caching of a stream; not built (use MapDataset over an in-memory source)",
-    "RngPool": "Grain-internal random generator pool exposed for its map implementation",
     "ShapeDtypeStruct": "element-spec helper of get_element_spec, which loader does not have",
     "ShapeDtypeStructProtocol": "element-spec helper of get_element_spec, which loader does not have",
     "ThreadPrefetchDatasetIterator": "the iterator class behind ThreadPrefetchIterDataset; use the dataset",
