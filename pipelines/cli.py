@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import re
 import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -58,6 +63,9 @@ def fail(prog: str, message: str, code: int = 2) -> int:
   return code
 
 
+_WORKER_ERROR = re.compile(r"^converter\.errors\.\w+: (.+)$", re.M)
+
+
 def user_error_from(exc: BaseException) -> str | None:
   """Our own error message inside a runner's wrapped exception, if there is one."""
   seen = set()
@@ -68,6 +76,11 @@ def user_error_from(exc: BaseException) -> str | None:
       return str(e)
     e = e.__cause__ or e.__context__
   text = str(exc)
+  # A worker process's error reaches us as its traceback text; its last line
+  # of ours reads "converter.errors.XxxError: <message>".
+  ours = _WORKER_ERROR.findall(text)
+  if ours:
+    return ours[-1].split(" [while running")[0].strip()
   for marker in (" is corrupt: ", " output file(s) already exist", "No files match the input pattern"):
     i = text.find(marker)
     if i >= 0:
@@ -108,3 +121,53 @@ def run_reporting_errors(prog: str, run: Callable[[], Any]) -> tuple[Any, int | 
     # The runner's own failure: its root cause in one line, not a Beam traceback.
     msg = user_error_from(e) or root_cause_line(e)
     return None, fail(prog, msg.split(" [while running")[0], code=1)
+
+
+@contextlib.contextmanager
+def worker_stderr_held_back(worker_processes: int | None) -> Iterator[None]:
+  """Holds back what worker processes write to stderr until the run ends.
+
+  Beam's SDK worker processes inherit our stderr and print every failed
+  bundle's traceback there (~60 lines) before the run fails; we then print
+  the cause in one line. Their stderr goes to an unlinked temporary file
+  instead, replayed at the end unless the run failed with one of our own
+  errors (or was interrupted), which the one line already says. Our own
+  messages still go straight to the terminal.
+  """
+  if not worker_processes or worker_processes <= 1:
+    yield
+    return
+  previous = sys.stderr
+  previous.flush()
+  try:
+    on_fd2 = previous.fileno() == 2
+  except (AttributeError, OSError, ValueError):  # Replaced by the caller (a test's capture, say).
+    on_fd2 = False
+  held = tempfile.TemporaryFile()
+  terminal = os.dup(2)
+  os.dup2(held.fileno(), 2)
+  if on_fd2:
+    sys.stderr = os.fdopen(os.dup(terminal), "w", buffering=1, encoding=previous.encoding or "utf-8",
+                           errors="backslashreplace")
+  replay = True
+  try:
+    yield
+  except (KeyboardInterrupt, ConversionError):
+    replay = False
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    replay = user_error_from(e) is None
+    raise
+  finally:
+    if on_fd2:
+      sys.stderr.close()
+      sys.stderr = previous
+    os.dup2(terminal, 2)
+    os.close(terminal)
+    with held:
+      if replay:
+        held.seek(0)
+        text = held.read()
+        if text:
+          previous.flush()
+          os.write(2, text)

@@ -77,7 +77,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
           f"(writer options {options.writer_options!r}, runner "
           f"{opts.get_all_options()['runner']}, {local.mode})...", flush=True)
   start = time.monotonic()
-  with guard, progress.watch(shards, quiet=args.quiet), \
+  with guard, progress.watch(shards, quiet=args.quiet), cli.worker_stderr_held_back(local.workers), \
       beam.Pipeline(runner=local.runner(opts), options=opts) as p:
     build.add_conversion(p, options, files=files)
   manifest = read_manifest(options.output_dir)

@@ -417,7 +417,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{options.writer_options!r}, runner {opts.get_all_options()['runner']}, "
           f"{local.mode})...", flush=True)
   start = time.monotonic()
-  with guard, progress.watch(shards, quiet=args.quiet), \
+  with guard, progress.watch(shards, quiet=args.quiet), cli.worker_stderr_held_back(local.workers), \
       beam.Pipeline(runner=local.runner(opts), options=opts) as p:
     add_tfds_conversion(p, plan, options)
   manifest = read_manifest(plan.out_dir)

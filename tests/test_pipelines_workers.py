@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import threading
 
 import psutil
@@ -15,6 +17,7 @@ from pipelines import convert, make_example_data, workers
 pytestmark = pytest.mark.timeout(300)
 
 MB = 1_000_000
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +202,23 @@ def test_workers_are_told_to_stop_before_any_is_waited_for(tfr, tmp_path, capsys
   first_stop = next(i for i, (kind, _) in enumerate(events) if kind == "stop")
   assert len({conn for kind, conn in events[:first_stop] if kind == "done"}) == 2, events
   assert read_manifest(str(tmp_path / "out"))["shards"]
+
+
+def test_a_corrupt_record_in_a_worker_process_is_one_line_on_stderr(tmp_path):
+  # Beam's SDK worker processes print the failed bundle's traceback to the
+  # stderr they inherit; the CLI holds it back and prints only its own line.
+  folder = tmp_path / "tfr"
+  make_example_data.make_example_data(str(folder), shards=2, records_per_shard=50)
+  bad = sorted(folder.iterdir())[0]
+  data = bytearray(bad.read_bytes())
+  data[3000] ^= 0xFF
+  bad.write_bytes(data)
+  out = tmp_path / "out"
+  proc = subprocess.run([sys.executable, "-m", "pipelines.convert", "--input", str(folder / "*"), "--output",
+                         str(out), "--workers", "2", "--quiet"], capture_output=True, text=True, timeout=300,
+                        cwd=_ROOT, env={**os.environ, "PYTHONPATH": _ROOT})
+  assert proc.returncode == 1
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr
+  assert lines[0].startswith(f"arrayrecord-convert: error: {bad}: record ") and "at byte offset" in lines[0]
+  assert not any(p.name.endswith(bad.name.split(".tfrecord")[1]) for p in out.glob("*"))
