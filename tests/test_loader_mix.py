@@ -297,21 +297,21 @@ def test_iter_mix_stays_stopped_after_restore_and_an_error_does_not_stop_it():
   assert list(it) == [11, 2, 12]
 
 
-def test_a_grain_written_mix_state_resumes_exactly_and_one_over_shuffled_inputs_is_refused():
-  def make(lib, shuffle=False):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_grain_written_mix_state_resumes_exactly(shuffle):
+  def make(lib):
     a = lib.MapDataset.range(20)
     a = a.shuffle(seed=3) if shuffle else a
     return lib.IterDataset.mix({"b": lib.MapDataset.range(100, 130).to_iter_dataset(), "a": a.to_iter_dataset()},
                                {"a": 0.4, "b": 0.6})
 
+  assert list(make(loader)) == list(make(grain))
   theirs = iter(make(grain))
   for _ in range(7):
     next(theirs)
   ours = iter(make(loader))
   ours.set_state(theirs.get_state())
   assert list(ours) == list(theirs)
-  with pytest.raises(state_lib.StateMismatchError, match="order differs from Grain's"):
-    iter(make(loader, shuffle=True)).set_state(iter(make(grain, shuffle=True)).get_state())
 
 
 # ---- Checkpoints and worker counts ---------------------------------------------
