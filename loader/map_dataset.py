@@ -146,6 +146,14 @@ class MapDataset(abc.ABC, Generic[T]):
       raise NotImplementedError(f"{type(self).__name__} must implement _getitems or __getitem__.")
     return [self[int(i)] for i in indices]
 
+  def _getitems_array(self, indices: np.ndarray) -> np.ndarray | None:
+    """Elements at `indices` as a 1-D object array, where this dataset reads them so directly; else None.
+
+    ArrayRecord records come out of the reader into such an array; a batch
+    of them is then a slice of it, with no list and no per-record work.
+    """
+    return None
+
   def __getitem__(self, index):
     """`ds[i]` -> element (None if filtered out); `ds[a:b:c]` -> sliced dataset.
 
@@ -304,6 +312,19 @@ def _require_nonempty(ds: MapDataset, n: int) -> None:
     raise IndexError(f"Cannot read from an empty dataset: {ds!r}")
 
 
+class _IndexMapDataset(MapDataset[T]):
+  """A dataset whose element i is its parent's element at another index (shuffle, repeat, slice, seed)."""
+
+  def _parent_indices(self, indices: np.ndarray) -> np.ndarray:
+    return indices
+
+  def _getitems(self, indices: np.ndarray) -> list[T]:
+    return self._parent._getitems(self._parent_indices(indices))
+
+  def _getitems_array(self, indices: np.ndarray) -> np.ndarray | None:
+    return self._parent._getitems_array(self._parent_indices(indices))
+
+
 class SourceMapDataset(MapDataset[T]):
   """Wraps a random-access source; reads are batched per call."""
 
@@ -337,8 +358,12 @@ class SourceMapDataset(MapDataset[T]):
     _require_nonempty(self, self._len)
     return self._reader.read(indices % self._len)
 
+  def _getitems_array(self, indices: np.ndarray) -> np.ndarray | None:
+    _require_nonempty(self, self._len)
+    return self._reader.read_array(indices % self._len)
 
-class _WithSeedMapDataset(MapDataset[T]):
+
+class _WithSeedMapDataset(_IndexMapDataset[T]):
 
   _same_as_grain = True
 
@@ -357,9 +382,6 @@ class _WithSeedMapDataset(MapDataset[T]):
   def _default_seed(self) -> int | None:
     return self._seed
 
-  def _getitems(self, indices: np.ndarray) -> list[T]:
-    return self._parent._getitems(indices)
-
 
 def _seed_or_default(ds: MapDataset, seed: int | None, what: str) -> int:
   if seed is not None:
@@ -370,7 +392,7 @@ def _seed_or_default(ds: MapDataset, seed: int | None, what: str) -> int:
   return derived
 
 
-class ShuffleMapDataset(MapDataset[T]):
+class ShuffleMapDataset(_IndexMapDataset[T]):
   """Global shuffle in Grain's order: epoch e is Grain's index shuffle seeded `(seed + e) % 2**32` (O(1) memory)."""
 
   _same_as_grain = True
@@ -392,11 +414,11 @@ class ShuffleMapDataset(MapDataset[T]):
   def _perm(self, epoch: int) -> permutation.IndexPermutation:
     return permutation.IndexPermutation(self._parent_len, (self._seed + epoch) % 2**32)
 
-  def _getitems(self, indices: np.ndarray) -> list[T]:
+  def _parent_indices(self, indices: np.ndarray) -> np.ndarray:
     n = self._parent_len
     _require_nonempty(self, n)
     if not indices.size:
-      return []
+      return indices
     epochs, pos = np.divmod(indices, n)
     first = int(epochs[0])
     if (epochs == first).all():  # The common case: a chunk within one epoch.
@@ -406,10 +428,10 @@ class ShuffleMapDataset(MapDataset[T]):
       for e in np.unique(epochs):
         mask = epochs == e
         shuffled[mask] = self._perm(int(e))(pos[mask])
-    return self._parent._getitems(epochs * n + shuffled)
+    return epochs * n + shuffled
 
 
-class RepeatMapDataset(MapDataset[T]):
+class RepeatMapDataset(_IndexMapDataset[T]):
   """Repeats the parent; with reseeding, upstream randomness changes per epoch."""
 
   _same_as_grain = True
@@ -434,14 +456,14 @@ class RepeatMapDataset(MapDataset[T]):
   def _op_repr(self) -> str:
     return f".repeat({self._num_epochs})"
 
-  def _getitems(self, indices: np.ndarray) -> list[T]:
+  def _parent_indices(self, indices: np.ndarray) -> np.ndarray:
     if not self._reseed:
       _require_nonempty(self, self._parent_len)
       indices = indices % self._parent_len
-    return self._parent._getitems(indices)
+    return indices
 
 
-class SliceMapDataset(MapDataset[T]):
+class SliceMapDataset(_IndexMapDataset[T]):
   """Positions `sl` of the parent, like list slicing."""
 
   _same_as_grain = True
@@ -461,10 +483,10 @@ class SliceMapDataset(MapDataset[T]):
   def _op_repr(self) -> str:
     return self._repr
 
-  def _getitems(self, indices: np.ndarray) -> list[T]:
+  def _parent_indices(self, indices: np.ndarray) -> np.ndarray:
     _require_nonempty(self, self._len)
     epochs, pos = np.divmod(indices, self._len)
-    return self._parent._getitems(self._start + pos * self._step + epochs * self._parent_len)
+    return self._start + pos * self._step + epochs * self._parent_len
 
 
 class MapMapDataset(MapDataset[S]):
@@ -611,6 +633,11 @@ class BatchMapDataset(MapDataset[S]):
     # All elements of all requested batches in one parent call.
     offsets = np.cumsum(counts) - counts
     flat = np.repeat(starts - offsets, counts) + np.arange(int(counts.sum()), dtype=np.int64)
-    items = self._parent._getitems(flat)
+    spans = zip(offsets.tolist(), counts.tolist())
     batch_fn = self._batch_fn
-    return [batch_fn(items[o:o + c]) for o, c in zip(offsets.tolist(), counts.tolist())]
+    if batch_fn is batching.make_batch:
+      records = self._parent._getitems_array(flat)
+      if records is not None:  # Bytes records: a batch is their object array, as make_batch builds it.
+        return [records[o:o + c].copy() for o, c in spans]
+    items = self._parent._getitems(flat)
+    return [batch_fn(items[o:o + c]) for o, c in spans]

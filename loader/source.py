@@ -552,13 +552,18 @@ class ArrayRecordSource:
     (8 files of 25k 1 KB records, 4-8k indices per call).
     """
     idx = self._normalize(indices)
-    n = idx.size
-    if n == 0:
-      return []
-    if n == 1:  # ds[i] and per-element reads: half the cost of the general path.
+    if idx.size == 1:  # ds[i] and per-element reads: half the cost of the general path.
       i = int(idx[0])
       f = int(np.searchsorted(self._ends, i, side="right"))
       return self._read_file(f, [i - int(self._starts[f])])
+    return self._read_objects(idx).tolist()
+
+  def _read_objects(self, idx: np.ndarray) -> np.ndarray:
+    """`read` of normalized `idx`, as a 1-D object array (batches slice it without a list)."""
+    n = idx.size
+    out = np.empty(n, dtype=object)
+    if n == 0:
+      return out
     order = np.argsort(idx)
     ordered = idx[order]
     # Files are consecutive index ranges: each file's share is one run of `ordered`.
@@ -575,11 +580,10 @@ class ArrayRecordSource:
       results = _read_pool(threads).map(read_run, runs)
     else:
       results = map(read_run, runs)
-    out = np.empty(n, dtype=object)
     for (_, lo, hi), records in zip(runs, results):
       # Assigning into an object array from a list keeps each bytes object.
       out[order[lo:hi]] = records
-    return out.tolist()
+    return out
 
   def __getitems__(self, indices: Sequence[int]) -> list[bytes]:
     return self.read(indices)
@@ -657,6 +661,15 @@ class BatchedSource:
 
   def __repr__(self) -> str:
     return repr(self.source)
+
+  def read_array(self, indices: np.ndarray) -> np.ndarray | None:
+    """The records at `indices` as an object array, for an ArrayRecordSource whose reads are its own; else None."""
+    src = self.source
+    cls = type(src)
+    if (isinstance(src, ArrayRecordSource) and cls.read is ArrayRecordSource.read
+        and cls.__getitem__ is ArrayRecordSource.__getitem__ and len(indices) > 1):
+      return src._read_objects(src._normalize(indices))  # pylint: disable=protected-access
+    return None
 
   def read(self, indices: np.ndarray) -> list[Any]:
     src = self.source

@@ -203,8 +203,10 @@ def test_chunked_reads_hit_each_file_once_per_chunk(tmp_path, monkeypatch):
   files = write_array_records(tmp_path, 4, 50)
   src = loader.ArrayRecordSource(files)
   calls = []
-  real_read = loader.ArrayRecordSource.read
-  monkeypatch.setattr(loader.ArrayRecordSource, "read", lambda self, idx: calls.append(len(idx)) or real_read(self, idx))
+  # Every batched read (list or object array) goes through _read_objects.
+  real_read = loader.ArrayRecordSource._read_objects
+  monkeypatch.setattr(loader.ArrayRecordSource, "_read_objects",
+                      lambda self, idx: calls.append(len(idx)) or real_read(self, idx))
   ds = loader.MapDataset.source(src).shuffle(seed=1).batch(10)
   # chunk_size counts records, whatever stage the batch is on.
   out = list(ds.to_iter_dataset(loader.ReadOptions(num_threads=0, chunk_size=200)))
@@ -294,3 +296,24 @@ def test_iterating_never_changes_a_list_a_dataset_returned():
   for read_options in (loader.ReadOptions(num_threads=0, chunk_size=10), loader.ReadOptions(chunk_size=10)):
     assert list(ds.to_iter_dataset(read_options)) == expected
     assert ds.data == expected
+
+
+def test_batches_of_array_records_equal_the_general_path(tmp_path):
+  # Bytes records batch as slices of the reader's object array; the result
+  # must be what batching the same records from a list gives.
+  files = write_array_records(tmp_path, 3, 40)
+  src = loader.ArrayRecordSource(files)
+  records = [src[i] for i in range(len(src))]
+  make = lambda source: loader.MapDataset.source(source).seed(3).shuffle().repeat(2)[5:].batch(7)
+  fast, general = list(make(src)), list(make(records))
+  assert len(fast) == len(general) == 34
+  for a, b in zip(fast, general):
+    assert a.dtype == b.dtype == object and a.shape == b.shape and a.tolist() == b.tolist()
+    assert a.base is None  # A copy: keeping one batch keeps no other record alive.
+
+  class Decoded(loader.ArrayRecordSource):
+    def __getitem__(self, index):
+      return super().__getitem__(index)[:4]
+
+  short = list(loader.MapDataset.source(Decoded(files)).batch(5).to_iter_dataset())
+  assert {len(r) for b in short for r in b} == {4}
