@@ -75,11 +75,16 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
     try:
       os.unlink(tmp)
     except FileNotFoundError:
       pass
+    if isinstance(e, OSError) and not e.filename:
+      # A full disk or quota says nothing about where it was writing.
+      kept = "is unchanged" if os.path.exists(path) else "was not created"
+      raise OSError(e.errno, f"{e.strerror}: cannot save the iterator state to {path}; the file {kept}. "
+                    "Free space there or save elsewhere", path) from e
     raise
   return state
 

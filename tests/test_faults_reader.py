@@ -11,6 +11,7 @@ import pytest
 
 import faults_testing as ft
 import loader
+from loader import checkpoint
 from loader import source as source_lib
 from pipelines import convert, verify
 
@@ -178,3 +179,23 @@ def test_a_directory_a_conversion_left_incomplete_is_refused_not_read_in_part(tm
   (d / ".arrayrecord-toolkit.lock").write_text("{}")
   with pytest.raises(ValueError, match="holds a conversion's lock file"):
     loader.ArrayRecordSource(str(d))
+
+
+def test_saving_a_state_on_a_full_disk_names_the_path_and_keeps_the_old_one(tmp_path):
+  it = iter(loader.MapDataset.range(100).shuffle(seed=1).to_iter_dataset().batch(4))
+  next(it)
+  where = str(tmp_path / "ckpt")
+  with ft.tmpfs(where, "8k"):
+    path = os.path.join(where, "state.json")
+    old = loader.save_state(path, it)
+    with open(os.path.join(where, "filler"), "wb") as f:  # Take the rest of the space.
+      try:
+        f.write(b"x" * (64 << 10))
+      except OSError:
+        pass
+    next(it)
+    with pytest.raises(OSError, match=r"No space left on device: cannot save the iterator state to .*state.json; "
+                                      r"the file is unchanged"):
+      loader.save_state(path, it)
+    assert checkpoint.load_state(path) == old
+    assert sorted(os.listdir(where)) == ["filler", "state.json"]  # No temp file left.
