@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from typing import Sequence
 
@@ -49,7 +50,14 @@ def run(script: str, argv: Sequence[str] | None = None) -> int:
   if error:
     print(error, file=sys.stderr)
     return 2
-  return importlib.import_module(SCRIPTS[script][0]).main(argv)
+  try:
+    return importlib.import_module(SCRIPTS[script][0]).main(argv)
+  except BrokenPipeError:
+    # The reader of our output went away (`... | head`): stop quietly, as
+    # Unix tools do, instead of a traceback; nothing is left half-written.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141
 
 
 def convert() -> int:

@@ -137,3 +137,20 @@ def test_no_matching_inputs(tmp_path, capsys):
   pattern = str(tmp_path / "none-*")
   assert verify.main(["--input", pattern, "--output", str(tmp_path)]) == 2
   assert pattern in capsys.readouterr().err
+
+
+def test_output_piped_to_a_reader_that_quits_ends_quietly(converted):
+  # `arrayrecord-verify ... | head -0`: the pipe closes before we print.
+  import os
+  import subprocess
+  import sys
+  inp, out, _ = converted
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.Popen([sys.executable, "-c", "import sys; from pipelines import entry_points; "
+                           "sys.exit(entry_points.verify())", *args(inp, out)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root,
+                          env={**os.environ, "PYTHONPATH": root})
+  proc.stdout.close()
+  err = proc.stderr.read().decode()
+  assert proc.wait(timeout=300) == 141
+  assert err == ""
