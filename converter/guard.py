@@ -79,6 +79,10 @@ class ConversionGuard:
     missing = []
     d = os.path.abspath(out)
     while not os.path.exists(d):
+      if os.path.islink(d):  # A dangling link: mkdir would say only "File exists".
+        raise OutputError(f"--output {out} cannot be created: {d} is a symbolic link to "
+                          f"{os.readlink(d)}, which does not exist; create that directory or choose "
+                          "another --output.")
       missing.append(d)
       d = os.path.dirname(d)
     if not os.path.isdir(d):

@@ -95,6 +95,17 @@ def test_output_that_is_a_file(tmp_path, small, capsys):
   assert out.read_text() == "not a directory"
 
 
+def test_output_that_is_a_dangling_symlink(tmp_path, small, capsys):
+  inp, _ = small
+  out = tmp_path / "link"
+  out.symlink_to(tmp_path / "gone" / "dir")
+  assert convert.main(args(inp, out)) == 2
+  assert error_line(capsys) == (
+      f"arrayrecord-convert: error: --output {out} cannot be created: {out} is a symbolic link to "
+      f"{tmp_path / 'gone' / 'dir'}, which does not exist; create that directory or choose another --output.")
+  assert not (tmp_path / "gone").exists() and out.is_symlink()
+
+
 def test_input_directory_is_refused_with_a_glob_hint(tmp_path, small, capsys):
   inp, _ = small
   out = tmp_path / "out"
