@@ -13,6 +13,7 @@ from converter.manifest import MANIFEST_NAME, ManifestError, manifest_path, read
 from converter.naming import common_dir, output_path, split_uri
 from converter.options import ConvertOptions
 from converter.tfrecord import check_regular_file
+from loader import ondisk
 
 
 def match_pattern(pattern: str) -> list[str]:
@@ -91,14 +92,10 @@ def _complete_local_array_record(path: str) -> bool:
     return False
 
 
-# Every ArrayRecord (Riegeli) file starts with this block header signature.
-_RIEGELI_SIGNATURE = b"\x83\xaf\x70\xd1\x0d\x88\x4a\x3f"
-
-
 def _starts_as_array_record(path: str) -> bool:
   try:
     with open(path, "rb") as f:
-      return f.read(len(_RIEGELI_SIGNATURE)) == _RIEGELI_SIGNATURE
+      return f.read(len(ondisk.RIEGELI_SIGNATURE)) == ondisk.RIEGELI_SIGNATURE
   except OSError:
     return False
 

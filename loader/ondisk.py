@@ -35,6 +35,8 @@ MANIFEST_FORMAT = "arrayrecord-toolkit/manifest"
 # (absolute paths) is still read.
 MANIFEST_VERSION = 2
 LOCK_NAME = ".arrayrecord-toolkit.lock"
+# Every ArrayRecord (Riegeli) file starts with this block header signature.
+RIEGELI_SIGNATURE = b"\x83\xaf\x70\xd1\x0d\x88\x4a\x3f"
 STATUSES = ("converted", "existing", "failed")
 
 

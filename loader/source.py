@@ -123,6 +123,9 @@ def _describe_non_array_record(path: str) -> str:
     return f"it cannot be read ({e})"
   if size == 0:
     return "it is empty (0 bytes)"
+  if head.startswith(ondisk.RIEGELI_SIGNATURE):
+    return (f"it starts like one but its end cannot be read ({size} bytes): probably truncated "
+            "(an interrupted copy or download) or damaged; copy or convert it again")
   if head[:2] == b"\x1f\x8b":
     return "it is gzip-compressed (a compressed TFRecord file?)"
   if len(head) >= 12 and _looks_like_tfrecord(head):
@@ -167,9 +170,7 @@ def _open_reader(path: str, options: str):
   try:
     reader = reader_cls(path, options)
   except RuntimeError as e:
-    raise ValueError(
-        f"{path} is not an ArrayRecord file: {_describe_non_array_record(path)} "
-        f"(reader: {e}).") from e
+    raise _unreadable(path, str(e)) from e
   # Depending on the options the reader may not raise on a bad file, only
   # report it through ok().
   if not reader.ok():
@@ -179,10 +180,15 @@ def _open_reader(path: str, options: str):
       status = str(e)
     else:
       status = "not ok"
-    raise ValueError(
-        f"{path} is not an ArrayRecord file: {_describe_non_array_record(path)} "
-        f"(reader: {status}).")
+    raise _unreadable(path, status)
   return reader
+
+
+def _unreadable(path: str, reader_status: str) -> ValueError:
+  what = _describe_non_array_record(path)
+  lead = "cannot be read as an ArrayRecord file" if what.startswith("it starts like one") else (
+      "is not an ArrayRecord file")
+  return ValueError(f"{path} {lead}: {what} (reader: {reader_status}).")
 
 
 def _span_options(options: str) -> str:

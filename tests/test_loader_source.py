@@ -152,6 +152,13 @@ def test_non_array_record_files_say_what_they_are(tmp_path):
   empty.write_bytes(b"")
   with pytest.raises(ValueError, match="empty.array_record is not an ArrayRecord file: it is empty"):
     loader.ArrayRecordSource(str(empty))
+  # A partial copy: the right header, no footer.
+  whole = open(write_array_records(tmp_path / "w", 1, 300)[0], "rb").read()
+  cut = tmp_path / "cut.array_record"
+  cut.write_bytes(whole[:len(whole) // 2])
+  with pytest.raises(ValueError, match=r"cut.array_record cannot be read as an ArrayRecord file: it starts like "
+                                       r"one but its end cannot be read \(\d+ bytes\): probably truncated"):
+    loader.ArrayRecordSource(str(cut))
 
 
 def test_group_size_warning_names_file_and_fix(tmp_path):
