@@ -35,17 +35,18 @@ class CorruptRecordError(ConversionError):
   exit_code = 1
 
   def __init__(self, path: str, record_index: int, offset: int, reason: str,
-               compressed: bool = False):
+               compressed: bool = False, skipping: bool = False):
     self.path = path
     self.record_index = record_index
     self.offset = offset
     self.reason = reason
     where = "byte offset (in the decompressed stream)" if compressed else "byte offset"
+    advice = ("Re-create or re-download the file." if skipping else
+              "Re-create or re-download the file, or convert with on_corrupt='skip' (CLI: --on-corrupt "
+              "skip) to keep the readable records and count the rest as skipped.")
     super().__init__(
         f"{path}: record {record_index} at {where} {offset} is corrupt: {reason}. "
-        "Nothing was written for this file. Re-create or re-download the file, "
-        "or convert with on_corrupt='skip' (CLI: --on-corrupt skip) to keep the "
-        "readable records and count the rest as skipped.")
+        f"Nothing was written for this file. {advice}")
 
 
 class NoInputFilesError(ConversionError):

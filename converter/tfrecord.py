@@ -272,7 +272,7 @@ class TFRecordReader:
         self.path, self.stats.records + self.stats.skipped, bad_offset,
         "length checksum mismatch (damaged record header) and no valid record "
         "follows, so the rest of the file cannot be recovered",
-        compressed=self.detected_compression not in (None, "none"))
+        compressed=self.detected_compression not in (None, "none"), skipping=True)
 
 
 def check_regular_file(path: str) -> None:
