@@ -14,11 +14,12 @@ SentencePiece/HF tokenizer, a descriptor-built `example_pb2` with
 tf.train.Example's wire format for MaxText's generated one, a SimpleNamespace
 for the config, and `jax.process_count()` is 1.
 
-Shuffle order differs from Grain's by design and Grain's worker processes
-batch each worker's records separately, so with a shuffle or with workers the
-tests compare the multiset of rows (one row per record without packing);
-without either, batches must equal Grain's exactly. A state written to JSON
-must resume the same stream (loader: also with another worker count).
+Shuffles (the record shuffle, the file shuffle and the window shuffle) are
+Grain's, so in one process batches must equal Grain's exactly, shuffled or
+not. Grain's worker processes batch each worker's records separately (loader's
+stream is the one of 0 workers), so with workers the tests compare the
+multiset of rows (one row per record without packing). A state written to
+JSON must resume the same stream (loader: also with another worker count).
 """
 
 from __future__ import annotations
@@ -875,11 +876,8 @@ def test_maxtext_pipeline_on_two_hosts_and_json_resume(train_files, tmp_path, sh
     all_rows = _rows(ns.batches[0]) + _rows(ns.batches[1])
     assert sorted(r[0] for r in all_rows) == _expected_inputs(range(40))
   assert structure(g.batches[0]) == structure(l.batches[0])
-  if not shuffle:  # Nothing random: exactly Grain's batches on each host.
-    for host in range(2):
-      assert plain(l.batches[host]) == plain(g.batches[host])
-  else:
-    assert same_multiset(_rows(g.batches[0]) + _rows(g.batches[1]), _rows(l.batches[0]) + _rows(l.batches[1]))
+  for host in range(2):  # Shuffled or not, exactly Grain's batches on each host (Grain's shuffle).
+    assert plain(l.batches[host]) == plain(g.batches[host])
 
 
 DRIVE_WORKERS = '''
@@ -966,12 +964,8 @@ def test_maxtext_tfrecord_branch_with_row_sharding_and_json_resume(train_files, 
     for host in range(3):
       assert plain(ns.checkpointed[host]) == plain(ns.batches[host])
     assert sorted(r[0] for h in range(3) for r in _rows(ns.batches[h])) == _expected_inputs(range(40))
-  if not shuffle:
-    for host in range(3):
-      assert plain(l.batches[host]) == plain(g.batches[host])
-  else:  # File and window shuffles differ from Grain's by design: which host reads what may differ.
-    assert same_multiset([r for h in range(3) for r in _rows(g.batches[h])],
-                         [r for h in range(3) for r in _rows(l.batches[h])])
+  for host in range(3):  # Shuffled or not, exactly Grain's batches (Grain's file and window shuffles).
+    assert plain(l.batches[host]) == plain(g.batches[host])
 
 
 # ElasticIterator: MaxText writes its state (one global position) to process_0.json
@@ -1045,10 +1039,15 @@ def test_maxtext_checkpoint_written_on_grain_resumes_exactly_on_loader_or_is_ref
                   overrides=dict(overrides), mixture=mixture)
   l = porting.run(MAXTEXT + DRIVE_READ, "loader", train_files=files, checkpoint_dir=str(tmp_path),
                   overrides=dict(overrides), mixture=mixture)
-  if case == "in_order":  # Grain's position means the same element here: resumed exactly.
+  if case in ("in_order", "shuffled"):  # Grain's position means the same element here (the shuffle is Grain's).
     assert l.error is None
     assert plain(l.resumed) == plain(g.tail)
-  else:  # Grain's shuffle and packing order differ from loader's: refused, never misplaced.
+  else:
+    # Not an order difference (packing and mixing are Grain's, see
+    # test_maxtext_packed_mixture_equals_grain_and_resumes): loader does not
+    # translate Grain's iterator state of this pipeline (a mixture,
+    # TokenizeAndChunk's flat_map, FirstFitPack), so it refuses it in one
+    # line, never misplaced.
     assert l.resumed is None
     message = str(l.error)
     assert "\n" not in message and "Restore a state saved by loader, or start over." in message
