@@ -200,27 +200,7 @@ class DataLoader:
           f"Cannot resume this Grain state exactly: its {workers} workers had read {consumed} records each, "
           f"which is not the first {k} records of the stream (loader's stream does not depend on the worker "
           f"count). Restart from a loader checkpoint or from a Grain state taken with worker_count=0.")
-    self._check_grain_order(k)
     return k
-
-  def _check_grain_order(self, k: int) -> None:
-    """Refuses a Grain position after which Grain had read other records than we would.
-
-    Our `IndexSampler` shuffles with our own permutation, so after k records
-    we have read the same records as Grain only at whole epochs: position p
-    reads epoch-ordered key p when the sampler and the DataLoader shard alike.
-    Other samplers are asked index by index, as Grain asks them.
-    """
-    sampler = self._sampler
-    if not isinstance(sampler, samplers_lib.IndexSampler) or not sampler._shuffle or k == 0:  # pylint: disable=protected-access
-      return
-    if (sampler._shard_options.shard_count == self._shard_options.shard_count  # pylint: disable=protected-access
-        and k % sampler._keys_per_epoch == 0):  # pylint: disable=protected-access
-      return
-    raise ValueError(
-        f"Cannot resume this Grain state exactly: it stopped after {k} records, inside a shuffled epoch, and "
-        "loader shuffles in a different order than Grain, so the rest of the epoch would repeat or miss "
-        "records. Grain states of shuffled pipelines are accepted at epoch boundaries only.")
 
 
 def _replace_position(state: Any, position: int) -> tuple[Any, int]:
