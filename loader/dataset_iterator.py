@@ -198,9 +198,10 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
     if set(state) != set(getattr(self, "_grain_state_keys", ("next_index",))):
       keys = sorted(state) if isinstance(state, dict) else type(state).__name__
       raise state_lib.StateMismatchError(
-          f"{type(self).__name__}.set_state: this state (keys {keys}) was not written by loader for this "
-          f"pipeline ({' -> '.join(description)}); a Grain mp_prefetch or DataLoader state depends on Grain's "
-          "worker count and cannot be resumed exactly here. Restore a state saved by loader, or start over.")
+          f"{type(self).__name__}.set_state: this state (keys {keys}) has no pipeline description (written by "
+          f"Grain?) and does not have the layout of this pipeline's iterator ({' -> '.join(description)}), so it "
+          "cannot be resumed exactly here (Grain's mp_prefetch states also depend on Grain's worker count). "
+          "Restore a state saved by loader, or start over.")
     if not state_lib.same_as_grain(ds):
       raise state_lib.StateMismatchError(
           f"{type(self).__name__}.set_state: {state!r} has no pipeline description (written by Grain?), and "
