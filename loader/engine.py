@@ -334,7 +334,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
   """
 
   def __init__(self, ds: map_dataset_lib.MapDataset[T], producer: ChunkProducer, *, allow_nones: bool = False,
-               unit: int = 1, unit_len: int | None = None):
+               unit: int = 1, unit_len: int | None = None, grain_layers: tuple[tuple[str, int], ...] = ()):
     super().__init__()
     self._ds = ds
     self._len = len(ds)
@@ -344,6 +344,11 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     # (folded into `ds` here): `unit` of them make one of ours.
     self._unit = unit
     self._unit_len = unit_len
+    # Folded iterator stages whose Grain state wraps the position (see
+    # MapBackedIterDataset); a Grain-written state is unwrapped through them.
+    self._grain_layers = grain_layers
+    if grain_layers:
+      self._grain_state_keys = ("parent", grain_layers[-1][0])
     self._buffer: list[Any] = []
     self._buffer_start = 0
     self._pos = 0
@@ -407,8 +412,20 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     return {"next_index": self._buffer_start + self._pos}
 
   def set_state(self, state: dict[str, Any]) -> None:
+    counts = []
+    if dataset_iterator.restoring_foreign_state():
+      for key, unit in reversed(self._grain_layers):
+        state_lib.check_keys(state, ("parent", key), type(self).__name__)
+        counts.append((key, state[key], unit))
+        state = state["parent"]
     state_lib.check_keys(state, ("next_index",), type(self).__name__)
     k = state["next_index"]
+    for key, count, unit in counts:
+      # Each stage counted its own elements: ceil(k / unit) of them by position k.
+      if not (checks.is_int(k) and checks.is_int(count) and count == -(-int(k) // unit)):
+        raise state_lib.StateMismatchError(
+            f"{type(self).__name__}.set_state: the Grain state's {key}={count!r} does not match its position "
+            f"next_index={k!r}; was it saved from a different pipeline?")
     if dataset_iterator.restoring_foreign_state() and checks.is_int(k) and self._unit > 1:
       k = self._from_grain_position(int(k))
     if not checks.is_int(k) or not 0 <= k <= self._len:

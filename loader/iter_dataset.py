@@ -141,7 +141,7 @@ class IterDataset(abc.ABC, Generic[T]):
     base = self._random_access()
     if base is not None and not base.map_dataset._may_contain_none:  # pylint: disable=protected-access
       # Stream position == MapDataset index here, so the generators are Grain's.
-      return base.rebase(base.map_dataset.random_map(fn, seed=seed))
+      return base.rebase(base.map_dataset.random_map(fn, seed=seed), grain_layer="index_for_rng")
     return sequential.RandomMapIterDataset(self, fn, seed)
 
   def map_with_index(self, transform: Callable[[int, T], S]) -> IterDataset[S]:
@@ -149,7 +149,7 @@ class IterDataset(abc.ABC, Generic[T]):
     fn = checks.resolve_fn(transform, "map_with_index", "map_with_index()")
     base = self._random_access()
     if base is not None and not base.map_dataset._may_contain_none:  # pylint: disable=protected-access
-      return base.rebase(base.map_dataset.map_with_index(fn))
+      return base.rebase(base.map_dataset.map_with_index(fn), grain_layer="counter")
     return sequential.MapWithIndexIterDataset(self, fn)
 
   def filter(self, transform: Callable[[T], bool]) -> IterDataset[T]:
@@ -225,13 +225,16 @@ class MapBackedIterDataset(IterDataset[T]):
   `unit` is how many elements of the `MapDataset` as it was at
   `to_iter_dataset()` one element here stands for (iterator-level batches
   are folded into the MapDataset); Grain counts its positions in those.
+  `grain_layers` lists, innermost first, the folded iterator-level stages
+  whose Grain state wraps its parent's (`{"parent": ..., key: count}`), each
+  with the `unit` it counted in, so a Grain-written state can be unwrapped.
   """
 
   _same_as_grain = True
 
   def __init__(self, map_dataset: map_dataset_lib.MapDataset[T], *,
                read_options: options_lib.ReadOptions | None = None, allow_nones: bool = False,
-               unit: int = 1, unit_len: int | None = None):
+               unit: int = 1, unit_len: int | None = None, grain_layers: tuple[tuple[str, int], ...] = ()):
     if not isinstance(map_dataset, map_dataset_lib.MapDataset):
       raise TypeError(f"Expected a MapDataset (got {type(map_dataset).__name__}).")
     super().__init__(map_dataset)
@@ -242,6 +245,7 @@ class MapBackedIterDataset(IterDataset[T]):
     self.unit = unit
     # Length before iterator-level batches were folded in (for Grain states).
     self.unit_len = len(map_dataset) if unit_len is None else unit_len
+    self.grain_layers = grain_layers
 
   @property
   def map_dataset(self) -> map_dataset_lib.MapDataset[T]:
@@ -256,14 +260,16 @@ class MapBackedIterDataset(IterDataset[T]):
   def _random_access(self) -> MapBackedIterDataset | None:
     return None if self.allow_nones else self
 
-  def rebase(self, map_dataset: map_dataset_lib.MapDataset, unit: int = 1) -> MapBackedIterDataset:
+  def rebase(self, map_dataset: map_dataset_lib.MapDataset, unit: int = 1,
+             grain_layer: str | None = None) -> MapBackedIterDataset:
+    layers = self.grain_layers + (((grain_layer, self.unit),) if grain_layer else ())
     return MapBackedIterDataset(map_dataset, read_options=self.read_options, allow_nones=self.allow_nones,
-                                unit=self.unit * unit, unit_len=self.unit_len)
+                                unit=self.unit * unit, unit_len=self.unit_len, grain_layers=layers)
 
   def __iter__(self) -> DatasetIterator[T]:
     producer = engine.make_producer(self.map_dataset, self.read_options)
     return engine.MapDatasetIterator(self.map_dataset, producer, allow_nones=self.allow_nones,
-                                     unit=self.unit, unit_len=self.unit_len)
+                                     unit=self.unit, unit_len=self.unit_len, grain_layers=self.grain_layers)
 
 
 class SequentialIterDataset(IterDataset[T]):

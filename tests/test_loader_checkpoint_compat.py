@@ -108,9 +108,6 @@ _GRAIN_STATE = textwrap.dedent("""
         return grain.MapDataset.range(100).to_iter_dataset().filter(lambda x: x % 3 == 0).batch(4)
       if name == "shuffled":
         return grain.MapDataset.range(100).shuffle(seed=3).to_iter_dataset().batch(8)
-      if name == "iter_random_map":
-        return grain.MapDataset.range(100).shuffle(seed=3).to_iter_dataset().random_map(
-            lambda x, rng: x * 1000 + int(rng.integers(1000)), seed=1).batch(8)
       if name == "mp":
         return grain.MapDataset.range(100).to_iter_dataset().batch(8).mp_prefetch(
             grain.MultiprocessingOptions(num_workers=2))
@@ -169,17 +166,36 @@ def test_grain_state_of_a_shuffled_pipeline_resumes_at_grains_element(grain_run,
   assert [[int(v) for v in b] for b in it] == grain_out["rest"]
 
 
-def test_grain_state_of_an_iter_random_map_is_refused_though_the_streams_agree(grain_run):
-  # Grain's IterDataset.random_map state counts its own draws; loader folds the
-  # map into the random-access part, so it refuses rather than guess.
-  grain_out = grain_run("iter_random_map", 3)
-  make = lambda: (loader.MapDataset.range(100).shuffle(seed=3).to_iter_dataset()
-                  .random_map(lambda x, rng: x * 1000 + int(rng.integers(1000)), seed=1).batch(8))
-  it = iter(make())
-  take(it, 3)
-  assert [[int(v) for v in b] for b in it] == grain_out["rest"]
-  with pytest.raises(state_lib.StateMismatchError, match="cannot be resumed exactly here"):
-    iter(make()).set_state(grain_out["state"])
+_FOLDED_STAGES = {
+    # Iterator-level stages that loader folds into the random-access part,
+    # while Grain wraps the position in their own state.
+    "random_map": lambda lib: lib.MapDataset.range(40).shuffle(seed=3).to_iter_dataset().random_map(
+        lambda x, rng: x * 1000 + int(rng.integers(1000)), seed=1).batch(4),
+    "batch_then_random_map": lambda lib: lib.MapDataset.range(42).to_iter_dataset().batch(4).random_map(
+        lambda b, rng: b * 1000 + int(rng.integers(1000)), seed=2),
+    "map_with_index_twice": lambda lib: lib.MapDataset.range(30).shuffle(seed=5).to_iter_dataset()
+        .map_with_index(lambda i, x: x * 100 + i).map(lambda x: x + 1).map_with_index(lambda i, x: (i, x)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FOLDED_STAGES))
+def test_grain_state_through_folded_iterator_stages_resumes_at_every_step(name):
+  grain = pytest.importorskip("grain")
+  make = _FOLDED_STAGES[name]
+  plain = lambda xs: [np.asarray(x).tolist() for x in xs]
+  theirs = iter(make(grain))
+  states, stream = [theirs.get_state()], []
+  for x in theirs:
+    stream.append(x)
+    states.append(theirs.get_state())
+  assert plain(list(make(loader))) == plain(stream)
+  for k, state in enumerate(states):
+    ours = iter(make(loader))
+    ours.set_state(state)
+    assert plain(list(ours)) == plain(stream[k:]), (k, state)
+  bad = {**states[2], next(key for key in states[2] if key != "parent"): 999}
+  with pytest.raises(state_lib.StateMismatchError, match="does not match its position"):
+    iter(make(loader)).set_state(bad)
 
 
 def test_states_of_the_previous_format_restore_only_without_a_shuffle():
