@@ -110,8 +110,8 @@ def build_tokenizer(tokenizer_path, tokenizer_type, add_bos, add_eos, hf_access_
 
 def make_tfrecord_iter_dataset(path: str):
   """Returns the appropriate TFRecordIterDataset for local or GCS paths."""
-  # MaxText reads gs:// paths with a subclass of Grain-internal readers (grain._src...),
-  # which no import line can port; local paths use the public class.
+  # MaxText reads gs:// paths with subclasses of Grain-internal readers (grain._src...):
+  # see GCS_TFRECORD below; the drivers here read local paths with the public class.
   return TFRecordIterDataset(path)
 
 
@@ -1051,3 +1051,82 @@ def test_maxtext_checkpoint_written_on_grain_resumes_exactly_on_loader_or_is_ref
     assert l.resumed is None
     message = str(l.error)
     assert "\n" not in message and "Restore a state saved by loader, or start over." in message
+
+
+# input_pipeline_utils.py reads gs:// TFRecord files with subclasses of Grain's
+# private reader classes, imported from grain._src. Here a bucket is a local
+# folder: the stand-in for gcs_utils opens gs://<bucket>/<name> from it.
+GCS_TFRECORD = '''
+import glob
+import os
+
+import grain.python as grain
+from grain._src.python.dataset.sources.tfrecord_dataset import _TFRecordReader, _TFRecordDatasetIterator  # pylint: disable=protected-access
+from grain.experimental import TFRecordIterDataset
+
+
+def parse_gcs_bucket_and_prefix(path):  # maxtext.utils.gcs_utils stand-in
+  bucket, _, blob = path[len("gs://"):].partition("/")
+  return bucket, blob
+
+
+def open_blob(bucket_name, blob_name):  # storage.Client().bucket(b).blob(n).open("rb") stand-in
+  return open(os.path.join(bucket_root, bucket_name, blob_name), "rb")
+
+
+class _GCSTFRecordReader(_TFRecordReader):
+  """Extends Grain's _TFRecordReader to open TFRecord files from GCS via streaming BlobReader."""
+
+  def __init__(self, path: str):
+    # Skip parent __init__ (which calls open(path, "rb")) and open via GCS BlobReader instead.
+    bucket_name, blob_name = parse_gcs_bucket_and_prefix(path)
+    self._reader = open_blob(bucket_name, blob_name)
+
+
+class _GCSTFRecordDatasetIterator(_TFRecordDatasetIterator):
+  """Extends Grain's _TFRecordDatasetIterator to use _GCSTFRecordReader for GCS paths."""
+
+  def __init__(self, path: str):
+    # Skip parent __init__ (which creates _TFRecordReader); use GCS-aware reader instead.
+    grain.DatasetIterator.__init__(self)
+    self._reader = _GCSTFRecordReader(path)
+
+
+class GCSTFRecordIterDataset(TFRecordIterDataset):
+  """Extends Grain's TFRecordIterDataset to support GCS paths."""
+
+  def __iter__(self) -> grain.DatasetIterator:  # pylint: disable=non-iterator-returned
+    return _GCSTFRecordDatasetIterator(self._path)
+
+
+def make_tfrecord_iter_dataset(path: str):
+  """Returns the appropriate TFRecordIterDataset for local or GCS paths."""
+  if path.startswith("gs://"):
+    return GCSTFRecordIterDataset(path)
+  return TFRecordIterDataset(path)
+
+
+paths = [f"gs://bucket/{os.path.basename(p)}" for p in sorted(glob.glob(pattern))]
+ds = grain.MapDataset.source(paths).map(make_tfrecord_iter_dataset)
+ds = grain.experimental.InterleaveIterDataset(ds, cycle_length=2)
+it = iter(ds)
+head = [next(it) for _ in range(7)]
+state = it.get_state()
+rest = list(it)
+resumed = iter(ds)
+resumed.set_state(state)
+after_restore = list(resumed)
+'''
+
+
+def test_maxtext_gcs_tfrecord_subclasses_of_grains_private_reader(train_files, tmp_path):
+  import os
+  import shutil
+  bucket = tmp_path / "buckets" / "bucket"
+  bucket.mkdir(parents=True)
+  for path in sorted(__import__("glob").glob(train_files["c4_tfrecord"])):
+    shutil.copy(path, bucket / os.path.basename(path))
+  g, l = porting.run_both(GCS_TFRECORD, pattern=str(bucket / "*"), bucket_root=str(tmp_path / "buckets"))
+  assert len(g.head) == 7 and len(g.head) + len(g.rest) == 40
+  assert l.head == g.head and l.rest == g.rest
+  assert l.after_restore == g.after_restore == g.rest

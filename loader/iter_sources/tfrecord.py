@@ -42,6 +42,66 @@ def _compression_hint(head: bytes) -> str:
   return ""
 
 
+class _TFRecordReader:
+  """Reads records one by one from a binary file object, checking both checksums.
+
+  Grain's class of the same name (MaxText subclasses it to read from GCS: it
+  sets `self._reader` to any binary file object and skips `__init__`). The
+  file is opened on first use.
+  """
+
+  def __init__(self, path: str):
+    self._path = path
+    self._reader: BinaryIO | None = None
+
+  def _file(self) -> BinaryIO:
+    if self._reader is None:
+      self._reader = open(self._path, "rb", buffering=_BUFFER_BYTES)  # pylint: disable=consider-using-with
+    return self._reader
+
+  def _corrupt(self, start: int, reason: str, head: bytes = b"") -> ValueError:
+    self._file().seek(start)  # State and a retry stay at the bad record.
+    hint = _compression_hint(head) if start == 0 else ""
+    name = getattr(self, "_path", None) or getattr(self._reader, "name", "the TFRecord stream")
+    return ValueError(f"Not a valid TFRecord file: {name} at byte {start}: {reason}.{hint}")
+
+  def __next__(self) -> bytes:
+    f = self._file()
+    start = f.tell()
+    header = f.read(_HEADER.size)
+    if not header:
+      raise StopIteration
+    if len(header) < _HEADER.size:
+      raise self._corrupt(start, f"the file ends inside a record header ({len(header)} of {_HEADER.size} bytes)",
+                          header)
+    length, length_crc = _HEADER.unpack(header)
+    if _masked_crc(header[:8]) != length_crc:
+      raise self._corrupt(start, "the record length's checksum does not match", header)
+    body = f.read(length + _FOOTER.size)
+    if len(body) < length + _FOOTER.size:
+      raise self._corrupt(start, f"the file ends inside a record of {length} bytes")
+    data = body[:length]
+    if _masked_crc(data) != _FOOTER.unpack_from(body, length)[0]:
+      raise self._corrupt(start, f"the checksum of the {length}-byte record does not match")
+    return data
+
+  def seek(self, offset: int) -> None:
+    self._file().seek(offset)
+
+  def tell(self) -> int:
+    return 0 if self._reader is None else self._reader.tell()
+
+  def close(self) -> None:
+    if self._reader is not None:
+      self._reader.close()
+      self._reader = None
+
+  def __del__(self):
+    reader = getattr(self, "_reader", None)
+    if reader is not None:
+      reader.close()
+
+
 class TFRecordIterDataset(iter_lib.IterDataset):
   """The records (bytes) of one uncompressed TFRecord file.
 
@@ -62,58 +122,32 @@ class TFRecordIterDataset(iter_lib.IterDataset):
     return self._op_repr()
 
   def __iter__(self) -> iter_lib.DatasetIterator[bytes]:
-    return _TFRecordIterator(self._path)
+    return _TFRecordDatasetIterator(self._path)
 
 
-class _TFRecordIterator(iter_lib.DatasetIterator[bytes]):
+class _TFRecordDatasetIterator(iter_lib.DatasetIterator[bytes]):
+  """Grain's iterator class of the same name: records of `self._reader`, state `{"reader_offset": n}`."""
 
   _grain_state_keys = ("reader_offset",)  # Grain's layout: its states restore here.
 
   def __init__(self, path: str):
     super().__init__()
-    self._path = path
-    self._file: BinaryIO | None = None  # Opened at the first read.
-    self._offset = 0
-
-  def _corrupt(self, reason: str, head: bytes = b"") -> ValueError:
-    self._file.seek(self._offset)  # State and a retry stay at the bad record.
-    hint = _compression_hint(head) if self._offset == 0 else ""
-    return ValueError(f"Not a valid TFRecord file: {self._path} at byte {self._offset}: {reason}.{hint}")
+    self._reader = _TFRecordReader(path)
 
   def __next__(self) -> bytes:
     if self._closed:
       raise ValueError("This iterator was closed; create a new one with iter(dataset).")
-    if self._file is None:
-      self._file = open(self._path, "rb", buffering=_BUFFER_BYTES)  # pylint: disable=consider-using-with
-      self._file.seek(self._offset)
-    header = self._file.read(_HEADER.size)
-    if not header:
-      raise StopIteration
-    if len(header) < _HEADER.size:
-      raise self._corrupt(f"the file ends inside a record header ({len(header)} of {_HEADER.size} bytes)", header)
-    length, length_crc = _HEADER.unpack(header)
-    if _masked_crc(header[:8]) != length_crc:
-      raise self._corrupt("the record length's checksum does not match", header)
-    body = self._file.read(length + _FOOTER.size)
-    if len(body) < length + _FOOTER.size:
-      raise self._corrupt(f"the file ends inside a record of {length} bytes")
-    data = body[:length]
-    if _masked_crc(data) != _FOOTER.unpack_from(body, length)[0]:
-      raise self._corrupt(f"the checksum of the {length}-byte record does not match")
-    self._offset += _HEADER.size + length + _FOOTER.size
-    return data
+    return next(self._reader)
 
   def get_state(self) -> dict[str, Any]:
-    return {"reader_offset": self._offset}
+    return {"reader_offset": self._reader.tell()}
 
   def set_state(self, state: dict[str, Any]) -> None:
     state_lib.check_keys(state, ("reader_offset",), type(self).__name__)
-    self._offset = checks.check_int(state["reader_offset"], "reader_offset", minimum=0)
-    if self._file is not None:
-      self._file.seek(self._offset)
+    self._reader.seek(checks.check_int(state["reader_offset"], "reader_offset", minimum=0))
 
   def close(self) -> None:
-    if self._file is not None:
-      self._file.close()
-      self._file = None
+    close = getattr(self._reader, "close", None)
+    if close is not None:
+      close()
     super().close()

@@ -1,0 +1,1 @@
+"""`grain._src.python`: see `loader._src`."""

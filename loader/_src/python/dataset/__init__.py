@@ -1,0 +1,1 @@
+"""`grain._src.python.dataset`: see `loader._src`."""

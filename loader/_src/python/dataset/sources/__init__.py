@@ -1,0 +1,1 @@
+"""`grain._src.python.dataset.sources`: see `loader._src`."""
