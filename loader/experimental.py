@@ -33,6 +33,7 @@ _NAMES: dict[str, tuple[str, str]] = {
     "LimitIterDataset": (_T + "limit", "LimitIterDataset"),
     "RepeatIterDataset": (_T + "repeat_iter", "RepeatIterDataset"),
     "RebatchIterDataset": (_T + "rebatch", "RebatchIterDataset"),
+    "CacheIterDataset": (_T + "cache", "CacheIterDataset"),
     "batch_and_pad": (_T + "batch_and_pad", "batch_and_pad"),
     # Packing for sequence models.
     "FirstFitPackIterDataset": (_T + "packing", "FirstFitPackIterDataset"),
@@ -66,7 +67,6 @@ UNSUPPORTED: dict[str, str] = {
     "get_element_spec": "element specs are not tracked; read one element to see its shapes",
     "get_next_index": "positions are checkpointed with iterator.get_state()",
     "set_next_index": "positions are restored with iterator.set_state()",
-    "CacheIterDataset": "not implemented; convert the data to ArrayRecord and read it from disk",
     "ThreadPrefetchDatasetIterator": "iter(ThreadPrefetchIterDataset(...)) returns loader's iterator",
     "assert_equal_output_after_checkpoint": (
         "a test helper; loader's is tests/loader_testing.py::assert_restore_at_every_step_gives_same_stream"),

@@ -43,7 +43,6 @@ NAMESPACES = {
 }
 
 _EXPERIMENTAL_NOT_SUPPORTED = {
-    "CacheIterDataset": "in-memory caching of a stream; not built (use MapDataset over an in-memory source)",
     "ShapeDtypeStruct": "element-spec helper of get_element_spec, which loader does not have",
     "ShapeDtypeStructProtocol": "element-spec helper of get_element_spec, which loader does not have",
     "ThreadPrefetchDatasetIterator": "the iterator class behind ThreadPrefetchIterDataset; use the dataset",

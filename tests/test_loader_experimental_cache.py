@@ -1,0 +1,54 @@
+"""CacheIterDataset: Grain's stream and states; restores after the end replay from memory."""
+
+from __future__ import annotations
+
+import pytest
+
+import loader
+from loader.experimental import CacheIterDataset
+from loader_testing import assert_restore_at_every_step_gives_same_stream
+
+grain = pytest.importorskip("grain")
+
+
+def _make(lib, cls, counter=None):
+  def count(x):
+    if counter is not None:
+      counter.append(x)
+    return x * 10
+  return cls(lib.MapDataset.range(9).to_iter_dataset().filter(lambda x: x != 4).map(count))
+
+
+def test_stream_and_states_equal_grains_and_restore_both_ways():
+  theirs = iter(_make(grain, grain.experimental.CacheIterDataset))
+  ours = iter(_make(loader, CacheIterDataset))
+  g_states, l_states, stream = [theirs.get_state()], [ours.get_state()], []
+  for x in theirs:
+    stream.append(x)
+    assert next(ours) == x
+    g_states.append(theirs.get_state())
+    l_states.append(ours.get_state())
+  with pytest.raises(StopIteration):
+    next(ours)
+  g_states.append(theirs.get_state())
+  l_states.append(ours.get_state())
+  for k, (g, l) in enumerate(zip(g_states, l_states)):
+    assert {key: v for key, v in l.items() if key in g} == g, k  # Grain's keys and values.
+    for state in (g, l):  # A fresh iterator takes Grain's state and ours.
+      it = iter(_make(loader, CacheIterDataset))
+      it.set_state(state)
+      assert list(it) == stream[min(k, len(stream)):], (k, state)
+
+
+def test_after_the_end_a_restore_replays_from_memory():
+  reads = []
+  it = iter(_make(loader, CacheIterDataset, reads))
+  stream = list(it)
+  assert len(reads) == 8
+  it.set_state({**it.get_state(), "position": 3})
+  assert list(it) == stream[3:]
+  assert len(reads) == 8  # Nothing read again.
+
+
+def test_restore_at_every_step():
+  assert len(assert_restore_at_every_step_gives_same_stream(lambda: _make(loader, CacheIterDataset))) == 8
