@@ -49,6 +49,7 @@ _NAMES: dict[str, tuple[str, str]] = {
     "ZipIterDataset": (_T + "zip", "ZipIterDataset"),
     # Prefetching, devices, tuning, re-sharding.
     "ThreadPrefetchIterDataset": ("loader.sequential", "ThreadPrefetchIterDataset"),
+    "ThreadPrefetchDatasetIterator": ("loader.sequential", "ThreadPrefetchDatasetIterator"),
     "multithread_prefetch": (_T + "multithread_prefetch", "multithread_prefetch"),
     # Per-pipeline options.
     "DatasetOptions": ("loader.dataset_options", "DatasetOptions"),
@@ -67,7 +68,6 @@ UNSUPPORTED: dict[str, str] = {
     "get_element_spec": "element specs are not tracked; read one element to see its shapes",
     "get_next_index": "positions are checkpointed with iterator.get_state()",
     "set_next_index": "positions are restored with iterator.set_state()",
-    "ThreadPrefetchDatasetIterator": "iter(ThreadPrefetchIterDataset(...)) returns loader's iterator",
     "assert_equal_output_after_checkpoint": (
         "a test helper; loader's is tests/loader_testing.py::assert_restore_at_every_step_gives_same_stream"),
 }

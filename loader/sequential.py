@@ -289,6 +289,48 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
     super().close()
 
 
+class _Checkpointable(DatasetIterator[T]):
+  """Any iterator with get_state/set_state, as a DatasetIterator parent."""
+
+  def __init__(self, it: Any):
+    super().__init__()
+    self._it = it
+
+  def __next__(self) -> T:
+    return next(self._it)
+
+  def get_state(self) -> Any:
+    return self._it.get_state()
+
+  def set_state(self, state: Any) -> None:
+    self._it.set_state(state)
+
+
+class ThreadPrefetchDatasetIterator(_ThreadPrefetchIterator[T]):
+  """Grain's iterator class: prefetches an iterator in a background thread.
+
+  Args:
+    parent: A DatasetIterator, or any iterator with `get_state`/`set_state`.
+    prefetch_buffer_size: Elements computed ahead; 0 reads in the caller's thread.
+  """
+
+  def __init__(self, parent: Any, prefetch_buffer_size: int):
+    size = checks.check_int(prefetch_buffer_size, "prefetch_buffer_size", minimum=0)
+    if not isinstance(parent, DatasetIterator):
+      if not (hasattr(parent, "get_state") and hasattr(parent, "set_state")):
+        raise TypeError(f"ThreadPrefetchDatasetIterator needs an iterator with get_state/set_state "
+                        f"(got {type(parent).__name__}).")
+      parent = _Checkpointable(parent)
+    super().__init__(parent, size)
+
+  def __next__(self) -> T:
+    if self._buffer_size:
+      return super().__next__()
+    x = next(self._parent)
+    self._state = self._parent.get_state()
+    return x
+
+
 class WithSeedIterDataset(SequentialIterDataset[T]):
   """Holds the default seed of downstream random operations."""
 

@@ -1,4 +1,4 @@
-"""CacheIterDataset: Grain's stream and states; restores after the end replay from memory."""
+"""CacheIterDataset and ThreadPrefetchDatasetIterator: Grain's streams and states, restores replay from memory."""
 
 from __future__ import annotations
 
@@ -52,3 +52,36 @@ def test_after_the_end_a_restore_replays_from_memory():
 
 def test_restore_at_every_step():
   assert len(assert_restore_at_every_step_gives_same_stream(lambda: _make(loader, CacheIterDataset))) == 8
+
+
+@pytest.mark.parametrize("buffer", [0, 3])
+def test_thread_prefetch_dataset_iterator_over_any_checkpointable_iterator(buffer):
+  # Grain's class, built by hand around an iterator (Grain's own or a plain
+  # one with get_state/set_state): same stream, the parent's states.
+  class Counter:
+    def __init__(self):
+      self.i = 0
+
+    def __next__(self):
+      if self.i >= 10:
+        raise StopIteration
+      self.i += 1
+      return self.i * 10
+
+    def get_state(self):
+      return {"i": self.i}
+
+    def set_state(self, state):
+      self.i = state["i"]
+
+  ours = loader.experimental.ThreadPrefetchDatasetIterator(Counter(), buffer)
+  theirs = grain.experimental.ThreadPrefetchDatasetIterator(Counter(), buffer)
+  assert [next(ours) for _ in range(4)] == [next(theirs) for _ in range(4)]
+  assert ours.get_state() == theirs.get_state() == {"i": 4}
+  resumed = loader.experimental.ThreadPrefetchDatasetIterator(Counter(), buffer)
+  resumed.set_state(theirs.get_state())
+  assert list(resumed) == list(theirs) == [50, 60, 70, 80, 90, 100]
+  over_ds = loader.experimental.ThreadPrefetchDatasetIterator(iter(loader.MapDataset.range(5).to_iter_dataset()), buffer)
+  assert list(over_ds) == [0, 1, 2, 3, 4]
+  with pytest.raises(TypeError, match="get_state/set_state"):
+    loader.experimental.ThreadPrefetchDatasetIterator(iter([1, 2]), buffer)
