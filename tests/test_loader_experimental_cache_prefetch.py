@@ -85,3 +85,36 @@ def test_thread_prefetch_dataset_iterator_over_any_checkpointable_iterator(buffe
   assert list(over_ds) == [0, 1, 2, 3, 4]
   with pytest.raises(TypeError, match="get_state/set_state"):
     loader.experimental.ThreadPrefetchDatasetIterator(iter([1, 2]), buffer)
+
+
+def test_grains_checkpoint_test_helper_passes_loader_pipelines_and_catches_a_bad_one():
+  # Grain's own helper, as a user's test would call it after the import change.
+  snippet_ds = (loader.MapDataset.range(30).shuffle(seed=3).map(lambda x: x * 2).to_iter_dataset()
+                .filter(lambda x: x % 3).batch(4))
+  loader.experimental.assert_equal_output_after_checkpoint(snippet_ds)
+  loader.experimental.assert_equal_output_after_checkpoint(CacheIterDataset(snippet_ds))
+  grain.experimental.assert_equal_output_after_checkpoint(grain.MapDataset.range(30).shuffle(seed=3).to_iter_dataset())
+
+  class Forgetful(loader.DatasetIterator):  # Its set_state does nothing.
+    def __init__(self):
+      super().__init__()
+      self.i = 0
+
+    def __next__(self):
+      if self.i >= 3:
+        raise StopIteration
+      self.i += 1
+      return self.i
+
+    def get_state(self):
+      return {"i": self.i}
+
+    def set_state(self, state):
+      pass
+
+  class Bad(loader.IterDataset):
+    def __iter__(self):
+      return Forgetful()
+
+  with pytest.raises(AssertionError, match="step 1"):
+    loader.experimental.assert_equal_output_after_checkpoint(Bad())
