@@ -23,6 +23,8 @@ import math
 
 import numpy as np
 
+from loader import checks
+
 _M32 = 0xFFFFFFFF
 _MIN_BLOCK_BITS = 16
 DEFAULT_ROUNDS = 4
@@ -115,7 +117,7 @@ def _small_table(seed: int, rounds: int, max_index: int) -> np.ndarray:
   A walk can be long here (for 10 positions, ~6,500 steps on average), so walk
   the whole block at once by pointer doubling: jump[y] is reached from y in
   one or more steps through values all above max_index; doubling the jumps
-  until they land inside takes at most 16 rounds over 65,536 entries.
+  until they land inside takes at most 17 rounds over 65,536 entries.
   """
   cipher = _Cipher(_MIN_BLOCK_BITS // 2, seed, rounds)
   jump = cipher.encrypt(np.arange(1 << _MIN_BLOCK_BITS, dtype=np.uint64)).astype(np.int64)
@@ -173,11 +175,10 @@ def _cipher(word: int, seed: int, rounds: int) -> _Cipher:
 def index_shuffle(index: int, max_index: int, seed: int, rounds: int) -> int:
   """Grain's `grain.experimental.index_shuffle`: position `index` of a seeded permutation of [0, max_index]."""
   rounds = check_rounds(rounds)
-  index, max_index, seed = int(index), int(max_index), int(seed)
+  seed = checks.check_seed(seed, "index_shuffle")
+  index, max_index = int(index), int(max_index)
   if not 0 <= index <= max_index:
     raise ValueError(f"index must be in [0, max_index], but got index = {index} and max_index = {max_index}")
-  if not 0 <= seed < 2**32:
-    raise ValueError(f"seed must be an integer in [0, 2**32-1] (got {seed}).")
   return int(shuffle_positions(np.array([index], dtype=np.int64), max_index, seed, rounds, bijective=False)[0])
 
 

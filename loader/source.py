@@ -659,6 +659,11 @@ class BatchedSource:
           f"protocol); got {type(source).__name__}.")
     self.source = source
     self._batched = _batched_method(source)
+    # An ArrayRecordSource whose reads are its own can give batches the
+    # reader's object array directly (see read_array).
+    cls = type(source)
+    self._objects = (isinstance(source, ArrayRecordSource) and cls.read is ArrayRecordSource.read
+                     and cls.__getitem__ is ArrayRecordSource.__getitem__)
     # (key, element) pairs read before a read by index failed (see read).
     self._read_before_failure: collections.deque[tuple[int, Any]] = collections.deque()
 
@@ -670,12 +675,10 @@ class BatchedSource:
 
   def read_array(self, indices: np.ndarray) -> np.ndarray | None:
     """The records at `indices` as an object array, for an ArrayRecordSource whose reads are its own; else None."""
+    if not self._objects:
+      return None
     src = self.source
-    cls = type(src)
-    if (isinstance(src, ArrayRecordSource) and cls.read is ArrayRecordSource.read
-        and cls.__getitem__ is ArrayRecordSource.__getitem__ and len(indices) > 1):
-      return src._read_objects(src._normalize(indices))  # pylint: disable=protected-access
-    return None
+    return src._read_objects(src._normalize(indices))  # pylint: disable=protected-access
 
   def read(self, indices: np.ndarray) -> list[Any]:
     src = self.source

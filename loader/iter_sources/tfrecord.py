@@ -92,14 +92,11 @@ class _TFRecordReader:
     return 0 if self._reader is None else self._reader.tell()
 
   def close(self) -> None:
-    if self._reader is not None:
+    if getattr(self, "_reader", None) is not None:  # Also when __init__ did not run to the end.
       self._reader.close()
       self._reader = None
 
-  def __del__(self):
-    reader = getattr(self, "_reader", None)
-    if reader is not None:
-      reader.close()
+  __del__ = close
 
 
 class TFRecordIterDataset(iter_lib.IterDataset):

@@ -34,6 +34,8 @@ from loader import state as state_lib
 
 T = TypeVar("T")
 
+_STATE_KEYS = ("parent_window_start_state", "window_index", "pos_in_window")  # Grain's.
+
 
 def permute_in_windows(offsets: np.ndarray, seeds: np.ndarray, sizes: np.ndarray) -> np.ndarray:
   """Offset `offsets[j]` of a window of `sizes[j]` elements seeded `seeds[j]` -> Grain's shuffled offset."""
@@ -119,7 +121,7 @@ class WindowShuffleIterDataset(iter_lib.SequentialIterDataset[T]):
 
 class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
 
-  _grain_state_keys = ("parent_window_start_state", "window_index", "pos_in_window")
+  _grain_state_keys = _STATE_KEYS
 
   def __init__(self, parent: iter_lib.DatasetIterator, window_size: int, seed: int):
     super().__init__(parent)
@@ -172,7 +174,7 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
 
   def set_state(self, state: dict[str, Any]) -> None:
     owner = type(self).__name__
-    state_lib.check_keys(state, ("parent_window_start_state", "window_index", "pos_in_window"), owner)
+    state_lib.check_keys(state, _STATE_KEYS, owner)
     w = checks.check_int(state["window_index"], "window_index", minimum=0)
     pos = checks.check_int(state["pos_in_window"], "pos_in_window", minimum=0, maximum=self._window_size)
     self._parent.set_state(state["parent_window_start_state"])
