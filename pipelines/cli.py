@@ -152,11 +152,11 @@ def worker_stderr_held_back(worker_processes: int | None) -> Iterator[None]:
   replay = True
   try:
     yield
-  except (KeyboardInterrupt, ConversionError):
+  except KeyboardInterrupt:
     replay = False
     raise
   except Exception as e:  # pylint: disable=broad-except
-    replay = user_error_from(e) is None
+    replay = user_error_from(e) is None  # Ours (ConversionError included): its one line says it all.
     raise
   finally:
     if on_fd2:
