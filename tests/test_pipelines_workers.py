@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import threading
 
 import psutil
 import pytest
 
+import faults_testing as ft
 from converter import read_manifest
 from pipelines import convert, make_example_data, workers
 
 pytestmark = pytest.mark.timeout(300)
 
 MB = 1_000_000
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -214,11 +212,9 @@ def test_a_corrupt_record_in_a_worker_process_is_one_line_on_stderr(tmp_path):
   data[3000] ^= 0xFF
   bad.write_bytes(data)
   out = tmp_path / "out"
-  proc = subprocess.run([sys.executable, "-m", "pipelines.convert", "--input", str(folder / "*"), "--output",
-                         str(out), "--workers", "2", "--quiet"], capture_output=True, text=True, timeout=300,
-                        cwd=_ROOT, env={**os.environ, "PYTHONPATH": _ROOT})
+  proc = ft.run_cli("pipelines.convert", "--input", str(folder / "*"), "--output", str(out), "--workers", "2",
+                    "--quiet")
   assert proc.returncode == 1
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1, proc.stderr
-  assert lines[0].startswith(f"arrayrecord-convert: error: {bad}: record ") and "at byte offset" in lines[0]
+  line = ft.one_line(proc.stderr)
+  assert line.startswith(f"arrayrecord-convert: error: {bad}: record ") and "at byte offset" in line
   assert not any(p.name.endswith(bad.name.split(".tfrecord")[1]) for p in out.glob("*"))

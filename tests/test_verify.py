@@ -141,15 +141,14 @@ def test_no_matching_inputs(tmp_path, capsys):
 
 def test_output_piped_to_a_reader_that_quits_ends_quietly(converted):
   # `arrayrecord-verify ... | head -0`: the pipe closes before we print.
-  import os
   import subprocess
   import sys
+  import faults_testing as ft
   inp, out, _ = converted
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  # The console script's own entry point (`python -m pipelines.verify` bypasses it).
   proc = subprocess.Popen([sys.executable, "-c", "import sys; from pipelines import entry_points; "
                            "sys.exit(entry_points.verify())", *args(inp, out)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root,
-                          env={**os.environ, "PYTHONPATH": root})
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ft.REPO, env=ft.env())
   proc.stdout.close()
   err = proc.stderr.read().decode()
   assert proc.wait(timeout=300) == 141
