@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import sys
 from collections.abc import Mapping, Sequence, Sized
 from typing import Any
 
@@ -35,12 +37,50 @@ def _numeric_leaf(x: Any) -> bool:
           or hasattr(x, "__array__") or hasattr(x, "__array_interface__"))
 
 
-def _sorted_keys(mapping: Mapping) -> list:
-  # Grain flattens dicts with their keys sorted, so batches list keys sorted.
+def _batch_keys(mapping: Mapping) -> list:
+  # Grain flattens dicts with their keys sorted, so batches list keys sorted;
+  # an OrderedDict keeps its own order (JAX's pytree rule, which Grain uses).
+  if isinstance(mapping, collections.OrderedDict):
+    return list(mapping.keys())
   try:
     return sorted(mapping.keys())
   except TypeError:  # Keys that do not compare: keep their order.
     return list(mapping.keys())
+
+
+def _rebuild_mapping(first: Mapping, out: dict) -> Mapping:
+  if type(first) is dict:  # pylint: disable=unidiomatic-typecheck
+    return out
+  if isinstance(first, collections.defaultdict):
+    return type(first)(first.default_factory, out)
+  return type(first)(out)
+
+
+def _pytree_children(value: Any, jax_tree_util: Any) -> tuple[list[Any], Any]:
+  """The direct children of a JAX pytree node, and its treedef (one level)."""
+  return jax_tree_util.tree_flatten(value, is_leaf=lambda x: x is not value)
+
+
+def _batch_pytree_node(values: Sequence[Any], path: str) -> Any:
+  """Batches elements that are JAX pytree nodes (registered dataclasses, flax
+  structs, ...) field by field, as Grain's JAX-backed tree map does; None if
+  they are not (or JAX was never imported, so nothing can be registered)."""
+  jax = sys.modules.get("jax")
+  tree_util = getattr(jax, "tree_util", None)
+  if tree_util is None:
+    return None
+  children, treedef = _pytree_children(values[0], tree_util)
+  if tree_util.treedef_is_leaf(treedef):
+    return None
+  columns = [[c] for c in children]
+  for v in values[1:]:
+    other, other_def = _pytree_children(v, tree_util)
+    if other_def != treedef:
+      raise ValueError(f"Cannot batch {path or '<element>'}: elements have different structures "
+                       f"({treedef} vs {other_def}).")
+    for column, c in zip(columns, other):
+      column.append(c)
+  return treedef.unflatten([make_batch(column, f"{path}[{i}]") for i, column in enumerate(columns)])
 
 
 def _stack_leaves(values: Sequence[Any], path: str) -> np.ndarray:
@@ -65,7 +105,9 @@ def make_batch(values: Sequence[Any], _path: str = "") -> Any:
 
   Dicts (any Mapping), lists, tuples and namedtuples are batched per field and
   keep their type; as in Grain, a dict's keys come out sorted (elements may
-  list them in any order), and a None field stays None. Numeric leaves (numpy arrays and scalars, Python numbers)
+  list them in any order; an OrderedDict keeps its order), and a None field
+  stays None. Classes registered as JAX pytree nodes (registered dataclasses,
+  flax structs) are batched per child when JAX is imported, as in Grain. Numeric leaves (numpy arrays and scalars, Python numbers)
   become `np.stack`-ed arrays. `bytes`, `str` and any other object become a
   1-D numpy array of dtype object holding the original objects: not `np.stack`,
   whose fixed-width 'S' dtype would silently strip trailing NUL bytes from
@@ -87,14 +129,14 @@ def make_batch(values: Sequence[Any], _path: str = "") -> Any:
       return None
     raise _mixed_none(_path)
   if isinstance(first, Mapping):
-    keys = _sorted_keys(first)
+    keys = _batch_keys(first)
     for v in values:
       if not isinstance(v, Mapping) or v.keys() != first.keys():
         raise ValueError(
             f"Cannot batch {_path or '<element>'}: elements have different keys "
             f"({keys} vs {list(v.keys()) if isinstance(v, Mapping) else type(v).__name__}).")
     out = {k: make_batch([v[k] for v in values], f"{_path}[{k!r}]") for k in keys}
-    return out if type(first) is dict else type(first)(out)
+    return _rebuild_mapping(first, out)
   if isinstance(first, (tuple, list)):
     n = len(first)
     for v in values:
@@ -107,5 +149,9 @@ def make_batch(values: Sequence[Any], _path: str = "") -> Any:
     if isinstance(first, tuple) and hasattr(first, "_fields"):
       return type(first)(*fields)
     return type(first)(fields)
+  if not isinstance(first, (bytes, str)) and not _numeric_leaf(first):
+    batched = _batch_pytree_node(values, _path)
+    if batched is not None:
+      return batched
   return _stack_leaves(values, _path)
 

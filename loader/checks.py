@@ -34,9 +34,13 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
   return int(value)
 
 
-def check_seed(seed: Any, what: str = "seed") -> int:
-  """A seed in [0, 2**32-1], as Grain requires."""
-  if not is_int(seed) or not 0 <= seed <= MAX_SEED:
+def check_seed(seed: Any, what: str = "seed", *, any_size: bool = False) -> int:
+  """A seed in [0, 2**32-1], as Grain's shuffles require; any size >= 0 with
+  `any_size` (Grain's `seed()` and random maps hash it into a Philox key)."""
+  if any_size:
+    if not is_int(seed) or seed < 0:
+      raise ValueError(f"{what}: seed must be a non-negative integer (got {seed=!r}).")
+  elif not is_int(seed) or not 0 <= seed <= MAX_SEED:
     raise ValueError(f"{what}: seed must be an integer between 0 and 2**32-1 (got {seed=!r}).")
   return int(seed)
 
@@ -72,6 +76,15 @@ def fn_name(fn: Callable[..., Any]) -> str:
   if owner is not None and not isinstance(owner, type):
     return f"{type(owner).__qualname__}.{getattr(fn, '__name__', '?')}"
   return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+def random_map_seed(parent: Any, seed: int | None, what: str) -> int:
+  """The checked seed of a random map on `parent`: `seed`, else derived from upstream `seed()` calls."""
+  if seed is None:
+    seed = default_seed(parent)
+    if seed is None:
+      raise ValueError(f"{what} needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
+  return check_seed(seed, what, any_size=True)
 
 
 def default_seed(parent: Any) -> int | None:

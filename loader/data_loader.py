@@ -12,19 +12,20 @@ becomes one pipeline (built by `loader.data_loader_pipeline`)::
 
 so the stream is the one `worker_count=0` gives, whatever N: unlike Grain,
 batches never mix per-worker streams, and a checkpoint restores with any
-worker count. Elements, counts and per-shard element sets match Grain's; a
-shuffled sampler visits each epoch's records in a different order (our
-permutation), and strided DataLoader sharding of a shuffled unsharded sampler
-therefore gives each shard different records than Grain's (the union is the
-same).
+worker count. With `worker_count=0` the stream is Grain's (a shuffled
+sampler uses Grain's index shuffle).
 
-Checkpoints. `DataLoaderIterator.get_state()` returns JSON bytes like Grain's,
-holding the engine state plus what the position means (sampler, data source,
-shard, operation chain). `set_state` refuses a state of another pipeline with a
-one-line error naming the difference. It also reads the states Grain 0.2.18's
-DataLoader writes: a Grain state is resumed at exactly Grain's position when
-our pipeline can express it (the consumed records form a prefix of the stream,
-in the same order), and refused with an explanation otherwise.
+Checkpoints. `DataLoaderIterator.get_state()` returns JSON bytes with Grain's
+keys (`version`, `last_seen_indices`, `last_worker_index`, `worker_count`,
+`sampler`, `data_source`; the position given as if this DataLoader's workers
+had read the records round-robin) plus loader's exact engine state and what
+the position means (shard, operation chain). `set_state` refuses a state of
+another pipeline with a one-line error naming the difference; where Grain's
+position keys were edited (to skip ahead, say), they decide the position. It
+also reads the states Grain 0.2.18's DataLoader writes: a Grain state is
+resumed at exactly Grain's position when our pipeline can express it (the
+consumed records form a prefix of the stream, in the same order), and
+refused with an explanation otherwise.
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ from loader import sharding
 from loader import transforms
 
 _STATE_FORMAT = "arrayrecord-toolkit/DataLoader"
-_STATE_VERSION = 1
+# Version 2 states also carry Grain's keys ("version" is Grain's there);
+# version 1 states kept ours in "version".
+_STATE_VERSION = 2
+_STATE_VERSION_KEY = "format_version"
+_V1_STATE_VERSION = 1
 _GRAIN_STATE_VERSION = 2
 _GRAIN_STATE_KEYS = {"version", "last_seen_indices", "last_worker_index", "worker_count", "sampler", "data_source"}
 
@@ -164,13 +169,28 @@ class DataLoader:
         "operations": [op.descriptor for op in self._operations],
     }
 
-  def _check_grain_state(self, state: dict[str, Any]) -> int:
-    """Sampler positions (of this shard) a Grain DataLoader state has consumed.
+  def _grain_position(self, consumed: int) -> dict[str, Any]:
+    """Grain's position keys for `consumed` records of this shard, with this DataLoader's worker count.
 
-    Raises ValueError unless the state resumes exactly here: same sampler and
-    source (Grain's own check), no FlatMap, and consumed records forming a
-    prefix of our stream in our order.
+    Code that reads or edits `last_seen_indices` (to skip ahead, say) then
+    works as with Grain; `_grain_consumed` reads the keys back.
     """
+    return self._grain_position_for(consumed, self._multiprocessing_options.num_workers)
+
+  def _grain_position_for(self, consumed: int, worker_count: int) -> dict[str, Any]:
+    # Grain's worker w reads this shard's positions w, w + workers, ...;
+    # last_seen is the global sampler index of the last one it read.
+    shard_index, shard_count = self._shard_options.shard_index, self._shard_options.shard_count
+    workers = max(worker_count, 1)
+    stride = workers * shard_count
+    seen = {str(w): shard_index + w * shard_count + (max(0, -(-(consumed - w) // workers)) - 1) * stride
+            for w in range(workers)}
+    return {"version": _GRAIN_STATE_VERSION, "last_seen_indices": seen,
+            "last_worker_index": (consumed % workers) - 1 if worker_count else -1,
+            "worker_count": worker_count}
+
+  def _check_grain_sources(self, state: dict[str, Any]) -> None:
+    """Raises ValueError unless a Grain state is for this pipeline (Grain's own check) and translatable."""
     if state["version"] != _GRAIN_STATE_VERSION:
       raise ValueError(f"Grain DataLoader state version {state['version']!r} is not supported "
                        f"(loader reads Grain's version {_GRAIN_STATE_VERSION}).")
@@ -182,14 +202,22 @@ class DataLoader:
     if any(op.kind in ("flat_map", "operation") for op in self._operations):
       raise ValueError("Cannot resume a Grain DataLoader state in a pipeline with a FlatMap or a custom "
                        "Operation: Grain's positions there do not map onto loader's.")
+
+  def _grain_consumed(self, state: dict[str, Any]) -> int:
+    """Records of this shard that Grain's position keys say were consumed.
+
+    Raises ValueError unless they form a prefix of our stream, in our order.
+    """
     shard_index, shard_count = self._shard_options.shard_index, self._shard_options.shard_count
     grain_workers = checks.check_int(state["worker_count"], "Grain state worker_count", minimum=0)
     seen = state["last_seen_indices"]
     workers = max(grain_workers, 1)
     stride = workers * shard_count
-    # Grain's worker w reads this shard's positions w, w + workers, ...;
-    # last_seen is the global sampler index of the last one it read.
-    offsets = [int(seen[str(w)]) - shard_index - w * shard_count for w in range(workers)]
+    try:
+      offsets = [int(seen[str(w)]) - shard_index - w * shard_count for w in range(workers)]
+    except (KeyError, TypeError, ValueError):
+      raise ValueError(f"This DataLoader state's last_seen_indices {seen!r} do not list workers 0..{workers - 1} "
+                       f"as Grain's do for worker_count={grain_workers}.") from None
     if any(o % stride for o in offsets):
       raise ValueError(f"This Grain state was written by another shard or worker layout: its last seen indices "
                        f"{seen} are not those of shard {shard_index} of {shard_count} with {grain_workers} workers.")
@@ -201,6 +229,14 @@ class DataLoader:
           f"which is not the first {k} records of the stream (loader's stream does not depend on the worker "
           f"count). Restart from a loader checkpoint or from a Grain state taken with worker_count=0.")
     return k
+
+
+def _positions(state: Any) -> list[int]:
+  """Every prefix position ("next_index") in an engine state."""
+  if not isinstance(state, dict):
+    return []
+  return [p for key, value in state.items()
+          for p in ([value] if key == "next_index" and checks.is_int(value) else _positions(value))]
 
 
 def _replace_position(state: Any, position: int) -> tuple[Any, int]:
@@ -250,11 +286,28 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
   def __next__(self) -> Any:
     return next(self._iterator)
 
+  def _consumed(self, dataset_state: Any) -> int | None:
+    """Records of this shard consumed at `dataset_state`; None where Grain's keys cannot say it."""
+    loader = self._data_loader
+    pipeline = loader._pipeline  # pylint: disable=protected-access
+    positions = _positions(dataset_state)
+    if len(positions) != 1 or any(op.kind in ("flat_map", "operation") for op in loader._operations):  # pylint: disable=protected-access
+      return None
+    return min(positions[0] * pipeline.records_per_position, pipeline.num_positions)
+
   def get_state(self) -> bytes:
-    """The position as JSON bytes (write it to a file as is)."""
-    state = {"format": _STATE_FORMAT, "version": _STATE_VERSION,
-             **self._data_loader._fingerprint(),  # pylint: disable=protected-access
-             "dataset": self._iterator.get_state()}
+    """The position as JSON bytes (write it to a file as is).
+
+    Besides loader's exact engine state it holds Grain's keys
+    (`last_seen_indices`, `last_worker_index`, `worker_count`, ...), so code
+    that reads or edits them works as with Grain.
+    """
+    loader = self._data_loader
+    dataset_state = self._iterator.get_state()
+    consumed = self._consumed(dataset_state)
+    grain_keys = {} if consumed is None else loader._grain_position(consumed)  # pylint: disable=protected-access
+    state = {**grain_keys, **loader._fingerprint(),  # pylint: disable=protected-access
+             "format": _STATE_FORMAT, _STATE_VERSION_KEY: _STATE_VERSION, "dataset": dataset_state}
     return json.dumps(state, indent=1).encode()
 
   def set_state(self, state: bytes) -> None:
@@ -270,19 +323,32 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
                        "pipelines with a FlatMap are dataset states, which loader cannot resume).")
 
   def _set_own_state(self, state: dict[str, Any]) -> None:
-    if state.get("version") != _STATE_VERSION:
-      raise ValueError(f"DataLoader state version {state.get('version')!r} is not supported "
-                       f"(this loader reads version {_STATE_VERSION}).")
+    version = state.get(_STATE_VERSION_KEY, state.get("version") if _STATE_VERSION_KEY not in state else None)
+    if version not in (_STATE_VERSION, _V1_STATE_VERSION):
+      raise ValueError(f"DataLoader state version {version!r} is not supported "
+                       f"(this loader reads versions {_V1_STATE_VERSION} and {_STATE_VERSION}).")
     for key, mine in self._data_loader._fingerprint().items():  # pylint: disable=protected-access
       if state.get(key) != mine:
         raise ValueError(f"DataLoader state is for another pipeline: {key} {state.get(key)!r} != this "
                          f"DataLoader's {mine!r}.")
+    if version == _STATE_VERSION and "last_seen_indices" in state:
+      grain_keys = {k: state[k] for k in ("version", "last_seen_indices", "last_worker_index", "worker_count")}
+      written = self._consumed(state["dataset"])
+      if written is not None and grain_keys != self._data_loader._grain_position_for(  # pylint: disable=protected-access
+          written, state["worker_count"]):
+        # Someone edited Grain's keys (to skip ahead, say): they say where to go.
+        self._set_position(self._data_loader._grain_consumed(state))  # pylint: disable=protected-access
+        return
     self._iterator.set_state(state["dataset"])
 
   def _set_grain_state(self, state: dict[str, Any]) -> None:
     loader = self._data_loader
-    k = loader._check_grain_state(state)  # pylint: disable=protected-access
-    pipeline = loader._pipeline  # pylint: disable=protected-access
+    loader._check_grain_sources(state)  # pylint: disable=protected-access
+    self._set_position(loader._grain_consumed(state))  # pylint: disable=protected-access
+
+  def _set_position(self, k: int) -> None:
+    """Moves to just after the first `k` records of this shard."""
+    pipeline = self._data_loader._pipeline  # pylint: disable=protected-access
     per, prefix_len = pipeline.records_per_position, pipeline.prefix_len
     if k >= pipeline.num_positions:
       position = prefix_len  # Grain had read everything.

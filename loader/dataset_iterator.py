@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from loader import checkpoint
 from loader import dataset_options
 from loader import state as state_lib
+from loader import stats as stats_lib
 
 T = TypeVar("T")
 
@@ -59,13 +60,16 @@ def _wrap_get_state(fn):
     with parent_calls():
       state = fn(self)
     description = self._state_description()  # pylint: disable=protected-access
-    return state if description is None else state_lib.stamp(state, description)
+    if description is None or not isinstance(state, dict):
+      return state  # A custom iterator's own non-dict state stays as Grain returns it.
+    return state_lib.stamp(state, description)
 
   get_state._loader_wrapped = True  # pylint: disable=protected-access
   return get_state
 
 
 def _wrap_set_state(fn):
+  user_defined = not fn.__module__.startswith("loader.")
 
   @functools.wraps(fn)
   def set_state(self, state):
@@ -73,6 +77,8 @@ def _wrap_set_state(fn):
       return fn(self, state_lib.strip(state))
     description = self._state_description()  # pylint: disable=protected-access
     foreign = False
+    if not isinstance(state, dict) and user_defined:
+      description = None  # A custom iterator's own non-dict state: its set_state checks it.
     if description is not None:
       if state_lib.is_stamped(state):
         state_lib.check(state, description, type(self).__name__)
@@ -116,6 +122,9 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
   Use it as a context manager (or call `close()`) to release threads and
   worker processes promptly; garbage collection releases them too.
   """
+
+  # Grain subclasses record execution statistics through it (a no-op here).
+  _stats = stats_lib.NO_STATS
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)

@@ -228,25 +228,109 @@ def reading_threads(num_threads: int) -> int:
   return max(1, min(num_threads, 2 * available_cores()))
 
 
-def _compute_reading_in_parallel(threads: int, ds: map_dataset_lib.MapDataset, start: int, stop: int):
-  with source_lib.parallel_reads(threads):
-    return timed_compute_chunk(ds, start, stop)
+# Elements whose per-element work (maps, per-index reads; not the batched
+# source reads) costs at least this per record on one thread are computed on
+# several threads, each taking a slice of the chunk, as Grain's ReadOptions
+# threads compute elements side by side. Below it, a chunk is one batched
+# call whose reads are spread over files instead: slicing the chunk would
+# make every read smaller.
+_SPLIT_SECONDS_PER_RECORD = 50e-6
+# A map whose threads use less CPU than this share of their wall time wait
+# (I/O, sleeps) and may use all `num_threads`; one that computes uses at most
+# its share of the cores.
+_WAITING_CPU_SHARE = 0.5
+
+
+def _timed(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tuple[list[Any], Exception | None, float, float]:
+  """`compute_chunk`, the wall seconds of its per-element work (those of
+  batched source reads left out) and this thread's CPU seconds."""
+  w0, c0, r0 = time.perf_counter(), time.thread_time(), source_lib.batched_read_seconds()
+  elements, error = compute_chunk(ds, start, stop)
+  reads = source_lib.batched_read_seconds() - r0
+  return elements, error, max(0.0, time.perf_counter() - w0 - reads), time.thread_time() - c0
+
+
+class ChunkComputer:
+  """Computes chunks of one MapDataset, on up to `num_threads` threads where elements are costly.
+
+  Every chunk measures the cost per record of its per-element work (batched
+  source reads left out), summed over the threads that computed it. The next
+  chunk is split into slices computed side by side when that cost is at least
+  `_SPLIT_SECONDS_PER_RECORD` (and the first chunk, whose cost is unknown,
+  always is): into `num_threads` slices when the elements mostly wait (I/O),
+  into at most `cores_share` otherwise. Threads that contend for the GIL only
+  inflate the measured cost, which keeps such a map split, harmlessly; a
+  chunk of cheap records is measured in one call from then on. Slicing never
+  changes which elements are computed, only where.
+  """
+
+  def __init__(self, ds: map_dataset_lib.MapDataset, num_threads: int, *, cores_share: int | None = None):
+    self._ds = ds
+    self._threads = max(0, num_threads)
+    self._read_threads = reading_threads(num_threads) if num_threads > 0 else 1
+    self._cores = max(1, cores_share if cores_share is not None else available_cores())
+    self._records = max(1, ds._records_per_element)  # pylint: disable=protected-access
+    self._cost: float | None = None  # Seconds of per-element work per record, one thread.
+    self._waits = False
+    self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+  def _slices(self, n: int) -> int:
+    if self._threads <= 1 or n <= 1 or (self._cost is not None and self._cost < _SPLIT_SECONDS_PER_RECORD):
+      return 1
+    return min(n, self._threads if self._waits or self._cost is None else min(self._threads, self._cores))
+
+  def compute(self, start: int, stop: int) -> tuple[list[Any], Exception | None, float]:
+    """Elements [start, stop) as `compute_chunk` gives them, and the wall seconds taken."""
+    t0 = time.perf_counter()
+    slices = self._slices(stop - start)
+    if slices == 1:
+      with source_lib.parallel_reads(self._read_threads):
+        elements, error, work, cpu = _timed(self._ds, start, stop)
+    else:
+      elements, error, work, cpu = self._compute_sliced(start, stop, slices)
+    if elements:
+      self._cost = work / (len(elements) * self._records)
+      self._waits = cpu < _WAITING_CPU_SHARE * work
+    return elements, error, time.perf_counter() - t0
+
+  def _compute_sliced(self, start: int, stop: int, slices: int):
+    if self._pool is None:
+      self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="loader-map")
+    bounds = np.linspace(start, stop, slices + 1).astype(np.int64).tolist()
+    futures = [self._pool.submit(_timed, self._ds, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    elements: list[Any] = []
+    work = cpu = 0.0
+    for i, fut in enumerate(futures):
+      part, error, part_work, part_cpu = fut.result()
+      elements.extend(part)
+      work, cpu = work + part_work, cpu + part_cpu
+      if error is not None:  # The elements before the failing one, then the error.
+        for later in futures[i + 1:]:
+          later.cancel()
+        return elements, error, work, cpu
+    return elements, None, work, cpu
+
+  def close(self) -> None:
+    if self._pool is not None:
+      self._pool.shutdown(wait=False, cancel_futures=True)
+      self._pool = None
 
 
 class ThreadChunkProducer:
   """Computes chunks ahead in a background thread; hands them out in order.
 
-  One thread computes the chunks (so a map never contends with itself for the
-  GIL) while the consumer works (a training step releases the GIL); within a
-  chunk, reads that touch several files run on up to `num_threads` threads
-  (capped at two per core), since ArrayRecord reads release the GIL. At most two
-  chunks, and about `buffer_size` elements beyond the first, are ahead.
+  One thread computes the chunks while the consumer works (a training step
+  releases the GIL). Within a chunk, reads that touch several files run on up
+  to `num_threads` threads (capped at two per core), since ArrayRecord reads
+  release the GIL, and costly elements (a slow or waiting map) are computed on
+  up to `num_threads` threads (see `ChunkComputer`). At most two chunks, and
+  about `buffer_size` elements beyond the first, are ahead.
   """
 
   def __init__(self, ds: map_dataset_lib.MapDataset, chunk_size: int | None, num_threads: int, buffer_size: int):
     self._ds = ds
     self._len = len(ds)
-    self._threads = reading_threads(num_threads)
+    self._computer = ChunkComputer(ds, num_threads)
     self._sizer = ChunkSizer(ds, chunk_size)
     self._buffer_size = max(1, buffer_size)
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -272,7 +356,7 @@ class ThreadChunkProducer:
            and (not self._pending or in_flight < self._buffer_size)):
       start = self._next_submit
       stop = min(start + self._sizer.size(start), self._len)
-      fut = self._pool.submit(_compute_reading_in_parallel, self._threads, self._ds, start, stop)
+      fut = self._pool.submit(self._computer.compute, start, stop)
       self._pending.append((start, stop, fut))
       in_flight += stop - start
       self._next_submit = stop
@@ -294,6 +378,7 @@ class ThreadChunkProducer:
     self.reset(self._len)
     if self._finalizer is not None:
       self._finalizer()
+    self._computer.close()
 
 
 _factory = threading.local()
@@ -365,6 +450,8 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
       start()
 
   def __next__(self) -> T:
+    if self._closed:  # Even with elements left in the buffer, as Grain.
+      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
     while True:
       if self._pos >= len(self._buffer):
         if self._error is not None:
@@ -372,8 +459,6 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
           self._buffer_start, self._buffer, self._pos = self._buffer_start + self._pos, [], 0
           self._producer.reset(self._buffer_start)
           raise error
-        if self._closed:
-          raise ValueError("This iterator was closed; create a new one with iter(dataset).")
         chunk = self._producer.next_chunk()
         if chunk is None:
           raise StopIteration

@@ -35,6 +35,7 @@ from loader import dataset_iterator
 from loader import engine
 from loader import map_dataset as map_dataset_lib
 from loader import options as options_lib
+from loader import stats as stats_lib
 from loader.dataset_iterator import DatasetIterator
 
 T = TypeVar("T")
@@ -52,6 +53,8 @@ class IterDataset(abc.ABC, Generic[T]):
   # Whether this operation yields Grain's exact stream for the same input;
   # decides if a Grain-written state may be resumed (see loader.state).
   _same_as_grain = False
+  # Grain subclasses record execution statistics through it (a no-op here).
+  _stats = stats_lib.NO_STATS
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
@@ -119,7 +122,7 @@ class IterDataset(abc.ABC, Generic[T]):
       # ours, one level further from later random ops (see checks.default_seed).
       seeded._iter_level_seed = True  # pylint: disable=protected-access
       return base.rebase(seeded)
-    return sequential.WithSeedIterDataset(self, checks.check_seed(seed, "seed()"))
+    return sequential.WithSeedIterDataset(self, checks.check_seed(seed, "seed()", any_size=True))
 
   def map(self, transform: Callable[[T], S]) -> IterDataset[S]:
     """Applies `transform` to each element."""
@@ -132,12 +135,8 @@ class IterDataset(abc.ABC, Generic[T]):
   def random_map(self, transform: Callable[[T, np.random.Generator], S], *, seed: int | None = None) -> IterDataset[S]:
     """Applies `transform(element, rng)`; rng depends only on the seed and the element's position."""
     fn = checks.resolve_fn(transform, "random_map", "random_map()")
-    if seed is None:
-      # Derived from this stream's shape (as Grain does), before any folding.
-      seed = checks.default_seed(self)
-      if seed is None:
-        raise ValueError("random_map() needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
-    seed = checks.check_seed(seed, "random_map()")
+    # Derived from this stream's shape (as Grain does), before any folding.
+    seed = checks.random_map_seed(self, seed, "random_map()")
     base = self._random_access()
     if base is not None and not base.map_dataset._may_contain_none:  # pylint: disable=protected-access
       # Stream position == MapDataset index here, so the generators are Grain's.

@@ -28,6 +28,7 @@ from loader import batching
 from loader import checks
 from loader import permutation
 from loader import source as source_lib
+from loader import stats as stats_lib
 
 if TYPE_CHECKING:
   from loader import iter_dataset
@@ -51,6 +52,9 @@ class MapDataset(abc.ABC, Generic[T]):
   Each element is a pure function of its index (given the seeds), which is
   what makes iteration reproducible for any number of workers.
   """
+
+  # Grain subclasses record execution statistics through it (a no-op here).
+  _stats = stats_lib.NO_STATS
 
   def __init__(self, parents: MapDataset | Sequence[MapDataset] = ()):
     if isinstance(parents, MapDataset):
@@ -196,7 +200,7 @@ class MapDataset(abc.ABC, Generic[T]):
     """
     if seed is None:
       return self
-    return _WithSeedMapDataset(self, checks.check_seed(seed, "seed()"))
+    return _WithSeedMapDataset(self, checks.check_seed(seed, "seed()", any_size=True))
 
   def shuffle(self, seed: int | None = None) -> MapDataset[T]:
     """Globally shuffles, with a new permutation in every epoch (Grain's order).
@@ -383,9 +387,9 @@ class _WithSeedMapDataset(_IndexMapDataset[T]):
     return self._seed
 
 
-def _seed_or_default(ds: MapDataset, seed: int | None, what: str) -> int:
+def _seed_or_default(ds: MapDataset, seed: int | None, what: str, *, any_size: bool = False) -> int:
   if seed is not None:
-    return checks.check_seed(seed, what)
+    return checks.check_seed(seed, what, any_size=any_size)
   derived = checks.default_seed(ds)
   if derived is None:
     raise ValueError(f"{what} needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
@@ -494,9 +498,9 @@ class MapMapDataset(MapDataset[S]):
 
   _same_as_grain = True
 
-  def __init__(self, parent: MapDataset[T], fn: Callable[[T], S]):
+  def __init__(self, parent: MapDataset[T], transform: Callable[[T], S]):
     super().__init__(parent)
-    self._fn = fn
+    self._fn = checks.resolve_fn(transform, "map", "MapMapDataset")
 
   def __len__(self) -> int:
     return len(self._parent)
@@ -517,9 +521,9 @@ class MapWithIndexMapDataset(MapDataset[S]):
 
   _same_as_grain = True
 
-  def __init__(self, parent: MapDataset[T], fn: Callable[[int, T], S]):
+  def __init__(self, parent: MapDataset[T], transform: Callable[[int, T], S]):
     super().__init__(parent)
-    self._fn = fn
+    self._fn = checks.resolve_fn(transform, "map_with_index", "MapWithIndexMapDataset")
 
   def __len__(self) -> int:
     return len(self._parent)
@@ -541,10 +545,11 @@ class RandomMapMapDataset(MapDataset[S]):
 
   _same_as_grain = True
 
-  def __init__(self, parent: MapDataset[T], fn: Callable[[T, np.random.Generator], S], *, seed: int | None = None):
+  def __init__(self, parent: MapDataset[T], transform: Callable[[T, np.random.Generator], S],
+               seed: int | None = None):
     super().__init__(parent)
-    self._fn = fn
-    self._seed = _seed_or_default(parent, seed, "random_map()")
+    self._fn = checks.resolve_fn(transform, "random_map", "RandomMapMapDataset")
+    self._seed = _seed_or_default(parent, seed, "random_map()", any_size=True)
 
   def __len__(self) -> int:
     return len(self._parent)
@@ -571,9 +576,9 @@ class FilterMapDataset(MapDataset[T]):
 
   _same_as_grain = True
 
-  def __init__(self, parent: MapDataset[T], predicate: Callable[[T], bool]):
+  def __init__(self, parent: MapDataset[T], transform: Callable[[T], bool]):
     super().__init__(parent)
-    self._fn = predicate
+    self._fn = checks.resolve_fn(transform, "filter", "FilterMapDataset")
 
   def __len__(self) -> int:
     return len(self._parent)
@@ -598,7 +603,7 @@ class BatchMapDataset(MapDataset[S]):
 
   _same_as_grain = True
 
-  def __init__(self, parent: MapDataset[T], batch_size: int, *, drop_remainder: bool = False,
+  def __init__(self, parent: MapDataset[T], batch_size: int, drop_remainder: bool = False,
                batch_fn: Callable[[Sequence[T]], S] | None = None):
     super().__init__(parent)
     self._batch_size = checks.check_int(batch_size, "batch_size", minimum=1)

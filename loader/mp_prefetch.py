@@ -38,11 +38,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from loader import batching
 from loader import ipc
 from loader import engine
 from loader import iter_dataset as iter_lib
 from loader import map_dataset as map_lib
 from loader import options as options_lib
+from loader import source as source_lib
 
 _PARENT_POLL_S = 0.5
 # Grain's default for mp_prefetch() without options.
@@ -109,6 +111,10 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
   threading.Thread(target=watchdog, name="loader-parent-watchdog", daemon=True).start()
   try:
     leaves, worker_init_fn = pickle.loads(payload)
+    # Costly elements are spread over the part's ReadOptions threads, using at
+    # most this worker's share of the cores unless they wait (I/O).
+    cores = max(1, engine.available_cores() // num_workers)
+    computers = [engine.ChunkComputer(ds, threads, cores_share=cores) for ds, threads in leaves]
     if worker_init_fn is not None:
       worker_init_fn(worker_index, num_workers)
   except BaseException:  # pylint: disable=broad-except
@@ -123,14 +129,15 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
     if msg[0] == "stop":
       break
     if msg[0] == "add":  # A MapDataset part whose iterator was made after start.
-      leaves.append(pickle.loads(msg[1]))
+      ds, threads = pickle.loads(msg[1])
+      computers.append(engine.ChunkComputer(ds, threads, cores_share=cores))
       continue
     _, leaf, gen, chunk_id, start, stop, released = msg
     with lock:
       outstanding.difference_update(released)
     seq += 1
     name = f"{shm_prefix}{worker_index}_{seq}"
-    elements, error, seconds = engine.timed_compute_chunk(leaves[leaf], start, stop)
+    elements, error, seconds = computers[leaf].compute(start, stop)
     try:
       with lock:
         desc = ipc.encode(elements, name)
@@ -236,6 +243,7 @@ class _WorkerPool:
     # MultiprocessPrefetchIterDataset); never before a worker_init_fn ran.
     self.parent_reads_first_chunk = parent_reads_first_chunk and worker_init_fn is None
     self.leaves: list[map_lib.MapDataset] = []
+    self._threads: list[int] = []  # Per part: its ReadOptions.num_threads.
     self.procs: list[Any] = []
     self.conns: list[Any] = []
     self.prefix = f"arl{os.getpid()}_{secrets.token_hex(3)}_"
@@ -247,13 +255,14 @@ class _WorkerPool:
     self._attached = 0
     self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash)
 
-  def register(self, ds: map_lib.MapDataset) -> int:
+  def register(self, ds: map_lib.MapDataset, num_threads: int) -> int:
     """Adds a part; the pool stops when every registered part has detached."""
     self.leaves.append(ds)
+    self._threads.append(num_threads)
     self._attached += 1
     leaf = len(self.leaves) - 1
     if self.procs:
-      payload = _dumps(ds)
+      payload = _dumps((ds, num_threads))
       for w in range(self.num_workers):
         self._send(w, ("add", payload))
     return leaf
@@ -263,7 +272,7 @@ class _WorkerPool:
       return
     if not self._finalizer.alive:
       raise ValueError("This iterator was closed; create a new one with iter(dataset).")
-    payload = _dumps((list(self.leaves), self.worker_init_fn))
+    payload = _dumps((list(zip(self.leaves, self._threads)), self.worker_init_fn))
     ctx = multiprocessing.get_context("spawn")
     with _without_main_module():
       for w in range(self.num_workers):
@@ -356,6 +365,25 @@ class _WorkerPool:
     self._finalizer()
 
 
+def _runs_only_loader_code(ds: map_lib.MapDataset) -> bool:
+  """Whether computing `ds` calls no user code: reads of loader's ArrayRecord
+  sources (or a range or a list) through shuffles, repeats, slices and
+  default batches. Only such a part may compute a chunk in the parent: a
+  user's map or source may crash or hang a process, and must do it in a
+  worker, as in Grain."""
+  if isinstance(ds, map_lib.SourceMapDataset):
+    src = ds._source  # pylint: disable=protected-access
+    return (type(src) in (range, list, tuple)
+            or (isinstance(src, source_lib.ArrayRecordSource) and type(src).read is source_lib.ArrayRecordSource.read
+                and type(src).__getitem__ is source_lib.ArrayRecordSource.__getitem__))
+  if isinstance(ds, map_lib.BatchMapDataset):
+    safe = ds._batch_fn is batching.make_batch  # pylint: disable=protected-access
+  else:
+    # Shuffles, repeats, slices, seeds: loader's own index arithmetic.
+    safe = isinstance(ds, map_lib._IndexMapDataset) and type(ds).__module__ == map_lib.__name__  # pylint: disable=protected-access
+  return safe and all(_runs_only_loader_code(p) for p in ds._parents)  # pylint: disable=protected-access
+
+
 class MultiprocessChunkProducer:
   """Hands out chunks of one MapDataset part computed by the pool, in order.
 
@@ -366,11 +394,11 @@ class MultiprocessChunkProducer:
   DataLoader asks for reads in its workers only, as Grain's does.
   """
 
-  def __init__(self, ds: map_lib.MapDataset, pool: _WorkerPool):
+  def __init__(self, ds: map_lib.MapDataset, pool: _WorkerPool, num_threads: int = 0):
     self._ds = ds
     self._len = len(ds)
     self._pool = pool
-    self._leaf = pool.register(ds)
+    self._leaf = pool.register(ds, num_threads)
     self._in_flight = pool.options.per_worker_buffer_size + 1  # One computing, rest buffered.
     self._sizer = engine.ChunkSizer(ds, pool.options.chunk_size, parallelism=pool.num_workers)
     self._gen = 0
@@ -380,7 +408,7 @@ class MultiprocessChunkProducer:
     self._next_start = 0
     self._next_request = 0
     self._next_consume = 0
-    self._local_first = pool.parent_reads_first_chunk
+    self._local_first = pool.parent_reads_first_chunk and _runs_only_loader_code(ds)
     self._detached = False
 
   def start(self) -> None:
@@ -538,8 +566,7 @@ class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
     pool = _WorkerPool(self._options, self._worker_init_fn, self._parent_reads_first_chunk)
 
     def factory(ds: map_lib.MapDataset, read_options) -> MultiprocessChunkProducer:
-      del read_options  # Workers compute whole chunks; threads would only contend.
-      return MultiprocessChunkProducer(ds, pool)
+      return MultiprocessChunkProducer(ds, pool, read_options.num_threads)
 
     with engine.producer_factory(factory):
       return iter(self._parent)

@@ -52,9 +52,9 @@ class MapIterDataset(SequentialIterDataset[S]):
 
   _same_as_grain = True
 
-  def __init__(self, parent: IterDataset[T], fn: Callable[[T], S]):
+  def __init__(self, parent: IterDataset[T], transform: Callable[[T], S]):
     super().__init__(parent)
-    self._fn = fn
+    self._fn = checks.resolve_fn(transform, "map", "MapIterDataset")
 
   def _op_repr(self) -> str:
     return f".map({checks.fn_name(self._fn)})"
@@ -86,9 +86,9 @@ class FilterIterDataset(SequentialIterDataset[T]):
 
   _same_as_grain = True
 
-  def __init__(self, parent: IterDataset[T], fn: Callable[[T], bool]):
+  def __init__(self, parent: IterDataset[T], transform: Callable[[T], bool]):
     super().__init__(parent)
-    self._fn = fn
+    self._fn = checks.resolve_fn(transform, "filter", "FilterIterDataset")
 
   def _op_repr(self) -> str:
     return f".filter({checks.fn_name(self._fn)})"
@@ -128,7 +128,7 @@ class BatchIterDataset(SequentialIterDataset[S]):
 
   _same_as_grain = True
 
-  def __init__(self, parent: IterDataset[T], batch_size: int, *, drop_remainder: bool = False,
+  def __init__(self, parent: IterDataset[T], batch_size: int, drop_remainder: bool = False,
                batch_fn: Callable[[Sequence[T]], S] | None = None):
     super().__init__(parent)
     self._batch_size = batch_size
@@ -378,9 +378,9 @@ class _CountingIterator(DatasetIterator[S]):
 
 class MapWithIndexIterDataset(SequentialIterDataset[S]):
 
-  def __init__(self, parent: IterDataset[T], fn: Callable[[int, T], S]):
+  def __init__(self, parent: IterDataset[T], transform: Callable[[int, T], S]):
     super().__init__(parent)
-    self._fn = fn
+    self._fn = checks.resolve_fn(transform, "map_with_index", "MapWithIndexIterDataset")
 
   def _op_repr(self) -> str:
     return f".map_with_index({checks.fn_name(self._fn)})"
@@ -395,10 +395,11 @@ class MapWithIndexIterDataset(SequentialIterDataset[S]):
 class RandomMapIterDataset(SequentialIterDataset[S]):
   """fn(element, rng) with rng = Philox(seed) at a counter given by the stream position."""
 
-  def __init__(self, parent: IterDataset[T], fn: Callable[[T, np.random.Generator], S], seed: int):
+  def __init__(self, parent: IterDataset[T], transform: Callable[[T, np.random.Generator], S],
+               seed: int | None = None):
     super().__init__(parent)
-    self._fn = fn
-    self._seed = seed
+    self._fn = checks.resolve_fn(transform, "random_map", "RandomMapIterDataset")
+    self._seed = checks.random_map_seed(parent, seed, "RandomMapIterDataset")
 
   def _op_repr(self) -> str:
     return f".random_map({checks.fn_name(self._fn)}, seed={self._seed})"

@@ -18,6 +18,7 @@ import os
 import re
 import struct
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, SupportsIndex, TypeVar, runtime_checkable
@@ -325,6 +326,26 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
 
 
 _parallel = threading.local()
+_clock = threading.local()
+
+
+def batched_read_seconds() -> float:
+  """Wall seconds this thread has spent in batched source reads (see `BatchedSource`).
+
+  The engine subtracts them from a chunk's time to tell per-element work
+  (maps, per-index reads: worth spreading over threads) from batched reads
+  (amortised per call: worth keeping in one call).
+  """
+  return getattr(_clock, "seconds", 0.0)
+
+
+@contextlib.contextmanager
+def _batched_read() -> Iterator[None]:
+  t0 = time.perf_counter()
+  try:
+    yield
+  finally:
+    _clock.seconds = batched_read_seconds() + time.perf_counter() - t0
 _pool_lock = threading.Lock()
 _pool: tuple[int, int, concurrent.futures.ThreadPoolExecutor] | None = None  # (pid, size, pool)
 
@@ -678,15 +699,18 @@ class BatchedSource:
     if not self._objects:
       return None
     src = self.source
-    return src._read_objects(src._normalize(indices))  # pylint: disable=protected-access
+    with _batched_read():
+      return src._read_objects(src._normalize(indices))  # pylint: disable=protected-access
 
   def read(self, indices: np.ndarray) -> list[Any]:
     src = self.source
     if self._batched == "read":
-      return src.read(indices)  # Takes the array as it is: no round trip through a list.
+      with _batched_read():
+        return src.read(indices)  # Takes the array as it is: no round trip through a list.
     keys = np.asarray(indices, dtype=np.int64).tolist()
     if self._batched is not None and len(keys) > 1:
-      return list(getattr(src, self._batched)(keys))
+      with _batched_read():
+        return list(getattr(src, self._batched)(keys))
     out = []
     kept = self._read_before_failure
     try:

@@ -87,10 +87,15 @@ def is_stamped(state: Any) -> bool:
   return isinstance(state, dict) and any(k in state for k in _STAMP_KEYS)
 
 
+# Where `stamp` keeps a custom iterator's state that is not a dict, or that
+# uses a key of ours itself; `strip` gives it back as it was.
+_WRAPPED_KEY = "wrapped_state"
+
+
 def stamp(state: Any, description: Sequence[str]) -> dict[str, Any]:
-  if not isinstance(state, dict):
-    state = {"state": state}
-  out = {k: v for k, v in state.items() if k not in _STAMP_KEYS}
+  if not isinstance(state, dict) or any(k in state for k in (*_STAMP_KEYS, _WRAPPED_KEY)):
+    state = {_WRAPPED_KEY: state}
+  out = dict(state)
   out[VERSION_KEY] = VERSION
   out[PIPELINE_KEY] = list(description)
   return out
@@ -99,7 +104,8 @@ def stamp(state: Any, description: Sequence[str]) -> dict[str, Any]:
 def strip(state: Any) -> Any:
   if not is_stamped(state):
     return state
-  return {k: v for k, v in state.items() if k not in _STAMP_KEYS}
+  out = {k: v for k, v in state.items() if k not in _STAMP_KEYS}
+  return out[_WRAPPED_KEY] if out.keys() == {_WRAPPED_KEY} else out
 
 
 def check(state: Any, description: Sequence[str], owner: str) -> None:

@@ -92,6 +92,9 @@ def test_shard_validation():
 def test_seed_validation_shows_value(seed):
   with pytest.raises(ValueError, match=r"seed must be an integer between 0 and 2\*\*32-1 \(got seed="):
     _ints(3).shuffle(seed=seed)
+  if seed == 2**32:  # As in Grain, a random map takes any non-negative seed; a shuffle 32 bits.
+    assert list(_ints(3).random_map(lambda x, rng: x, seed=seed)) == [0, 1, 2]
+    return
   with pytest.raises(ValueError, match="seed must be"):
     _ints(3).random_map(lambda x, rng: x, seed=seed)
 

@@ -153,6 +153,7 @@ class _InterleaveDatasetIterator(iter_lib.DatasetIterator[T]):
       self._exhausted_states[slot] = {}
       self._iterators[slot] = None
     else:
+      it._ctx.merge(self._ctx)  # pylint: disable=protected-access  # Options set around the interleave reach its inputs, as in Grain.
       self._exhausted_states[slot] = None
       self._iterators[slot] = it
 

@@ -1,0 +1,429 @@
+"""More patterns of public Grain clients, run on Grain 0.2.18 and, with only the import line changed, on loader.
+
+Found in axlearn (custom MapDataset subclasses recording `self._stats`,
+private `grain._src` imports), xlstm-jax (private transformation modules,
+custom iterators), tunix (batching JAX-registered dataclasses), airio
+(reading and editing the DataLoader's `last_seen_indices`), and Grain's own
+tests (64-bit seeds, `next()` after `close()`, maps that must run in workers).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests import porting
+from tests.porting import plain
+
+# axlearn's _ProportionalSliceMapDataset and xlstm-jax's rampup iterator call
+# self._stats in their hot paths.
+STATS_SUBCLASSES = """
+import grain
+from grain._src.python.dataset import dataset as dataset_base
+
+class EveryOther(dataset_base.MapDataset):
+  def __len__(self):
+    return len(self._parent) // 2
+  def __getitem__(self, i):
+    with self._stats.record_self_time():
+      i = 2 * (i % len(self))
+    return self._stats.record_output_spec(self._parent[i])
+
+class DoubleIterator(grain.DatasetIterator):
+  def __next__(self):
+    with self._stats.record_self_time(num_elements=1):
+      x = next(self._parent)
+    return self._stats.record_output_spec(2 * x)
+  def get_state(self):
+    return self._parent.get_state()
+  def set_state(self, state):
+    self._parent.set_state(state)
+
+class Double(grain.IterDataset):
+  def __iter__(self):
+    return DoubleIterator(self._parent.__iter__())
+
+every_other = EveryOther(grain.MapDataset.range(10))
+got_map = [every_other[1], list(every_other.to_iter_dataset())]
+got_iter = list(Double(grain.MapDataset.range(4).to_iter_dataset()))
+"""
+
+
+def test_custom_subclasses_record_stats_as_on_grain():
+  g, l = porting.run_both(STATS_SUBCLASSES)
+  assert plain(l.got_map) == plain(g.got_map) == [2, [0, 2, 4, 6, 8]]
+  assert plain(l.got_iter) == plain(g.got_iter) == [0, 2, 4, 6]
+
+
+# A custom iterator whose state is an int, alone and under IterDataset.mix.
+NON_DICT_STATE = """
+import grain
+
+class CountingIterator(grain.DatasetIterator):
+  def __init__(self, parent):
+    super().__init__(parent)
+    self._n = 0
+  def __next__(self):
+    self._n += 1
+    return next(self._parent)
+  def get_state(self):
+    return self._n
+  def set_state(self, state):
+    for _ in range(state):
+      next(self._parent)
+    self._n = state
+
+class Counting(grain.IterDataset):
+  def __iter__(self):
+    return CountingIterator(self._parent.__iter__())
+
+ds = Counting(grain.MapDataset.range(6).to_iter_dataset())
+it = iter(ds)
+head = [next(it), next(it)]
+state = it.get_state()
+resumed = iter(ds)
+resumed.set_state(state)
+rest = list(resumed)
+
+mixed = grain.IterDataset.mix([ds, Counting(grain.MapDataset.range(10, 16).to_iter_dataset())], [0.5, 0.5])
+it = iter(mixed)
+mixed_head = [next(it) for _ in range(3)]
+mixed_state = it.get_state()
+mixed_resumed = iter(mixed)
+mixed_resumed.set_state(mixed_state)
+mixed_rest = list(mixed_resumed)
+mixed_expected = list(it)
+"""
+
+
+def test_a_custom_iterators_non_dict_state_round_trips_as_on_grain():
+  g, l = porting.run_both(NON_DICT_STATE)
+  assert l.state == g.state == 2  # Returned as the iterator returns it, not wrapped.
+  assert plain(l.rest) == plain(g.rest) == [2, 3, 4, 5]
+  assert plain(l.mixed_head) == plain(g.mixed_head)
+  assert plain(l.mixed_rest) == plain(l.mixed_expected) == plain(g.mixed_rest)
+
+
+# tunix batches flax.struct dataclasses (registered with JAX as pytrees);
+# Grain batches through JAX's tree utilities whenever JAX is installed.
+PYTREES = """
+import collections
+import dataclasses
+import jax
+import numpy as np
+import grain
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainingInput:
+  input_tokens: np.ndarray
+  input_mask: np.ndarray
+
+@jax.tree_util.register_pytree_node_class
+class Pair:
+  def __init__(self, x, y):
+    self.x, self.y = x, y
+  def tree_flatten(self):
+    return (self.x, self.y), None
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(*children)
+
+def describe(x):
+  if isinstance(x, TrainingInput):
+    return ["TrainingInput", describe(x.input_tokens), describe(x.input_mask)]
+  if isinstance(x, Pair):
+    return ["Pair", describe(x.x), describe(x.y)]
+  if isinstance(x, dict):
+    return [type(x).__name__, [[k, describe(v)] for k, v in x.items()]]
+  if isinstance(x, (list, tuple)):
+    return [type(x).__name__, [describe(v) for v in x]]
+  if x is None:
+    return None
+  return [str(np.asarray(x).dtype), np.asarray(x).tolist()]
+
+inputs = [TrainingInput(np.arange(3) + i, np.ones(3, bool)) for i in range(4)]
+batched_map = describe(grain.MapDataset.source(inputs).batch(2)[1])
+batched_iter = [describe(b) for b in grain.MapDataset.source(inputs).to_iter_dataset().batch(2)]
+loader_batches = [describe(b) for b in grain.DataLoader(
+    data_source=inputs, sampler=grain.samplers.SequentialSampler(4, grain.sharding.NoSharding()),
+    operations=[grain.transforms.Batch(2)], worker_count=0)]
+nested = describe(grain.MapDataset.source(
+    [{"z": TrainingInput(np.arange(2) * i, np.zeros(1)), "a": [Pair(i, {"k": np.arange(2)}), 3]} for i in range(2)]
+).batch(2)[0])
+none_child = describe(grain.MapDataset.source([TrainingInput(np.arange(2), None)] * 2).batch(2)[0])
+ordered = describe(grain.MapDataset.source([collections.OrderedDict([("z", 1), ("a", 2)])] * 2).batch(2)[0])
+default = collections.defaultdict(list, {"b": 1, "a": 2})
+defaults = grain.MapDataset.source([default, default]).batch(2)[0]
+defaults = [type(defaults).__name__, defaults.default_factory.__name__, describe(dict(defaults))]
+"""
+
+
+def test_jax_pytree_elements_and_dict_flavours_batch_as_on_grain():
+  g, l = porting.run_both(PYTREES)
+  for name in ("batched_map", "batched_iter", "loader_batches", "nested", "none_child", "ordered", "defaults"):
+    assert getattr(l, name) == getattr(g, name), name
+  assert l.batched_map == ["TrainingInput", ["int64", [[2, 3, 4], [3, 4, 5]]], ["bool", [[True] * 3] * 2]]
+  assert l.ordered[1][0][0] == "z"  # An OrderedDict keeps its order; a dict's keys come out sorted.
+
+
+# airio's benchmark reads `last_seen_indices` from the DataLoader's JSON state
+# and edits it to skip ahead.
+DATALOADER_STATE_KEYS = """
+import json
+import grain.python as grain
+
+def make(sampler):
+  return grain.DataLoader(data_source=list(range(100, 120)), sampler=sampler, operations=[], worker_count=0)
+
+dl = make(grain.SequentialSampler(num_records=20, shard_options=grain.NoSharding()))
+it = iter(dl)
+initial = json.loads(it.get_state().decode())
+next(it)
+after_one = json.loads(it.get_state().decode())
+edited = dict(after_one, last_seen_indices={"0": 4})  # As if 5 records had been read.
+it2 = iter(dl)
+it2.set_state(json.dumps(edited, indent=4).encode())
+skipped_to = next(it2)
+
+sharded = make(grain.IndexSampler(20, grain.ShardOptions(1, 2), shuffle=True, seed=3, num_epochs=1))
+it = iter(sharded)
+for _ in range(3):
+  next(it)
+sharded_state = json.loads(it.get_state().decode())
+sharded_rest = list(it)
+it2 = iter(sharded)
+it2.set_state(json.dumps(sharded_state).encode())
+sharded_resumed = list(it2)
+GRAIN_KEYS = ("version", "last_seen_indices", "last_worker_index", "worker_count")
+grain_keys = [{k: s[k] for k in GRAIN_KEYS} for s in (initial, after_one, sharded_state)]
+"""
+
+
+def test_dataloader_state_has_grains_keys_and_honours_edits_to_them():
+  g, l = porting.run_both(DATALOADER_STATE_KEYS)
+  assert l.grain_keys == g.grain_keys
+  assert l.grain_keys[1]["last_seen_indices"] == {"0": 0}
+  assert l.skipped_to == g.skipped_to == 105
+  assert plain(l.sharded_rest) == plain(l.sharded_resumed) == plain(g.sharded_rest)
+
+
+def test_dataloader_grain_keys_describe_the_position_for_its_worker_count():
+  import loader  # pylint: disable=g-import-not-at-top
+  dl = loader.DataLoader(data_source=list(range(30)), sampler=loader.samplers.SequentialSampler(30, loader.sharding.NoSharding()),
+                         operations=[loader.transforms.Batch(2)], worker_count=2)
+  with iter(dl) as it:
+    for _ in range(3):
+      next(it)
+    state = json.loads(it.get_state().decode())
+    rest = [b.tolist() for b in it]
+  # 6 records read round-robin by 2 workers: each read 3, worker 1 last.
+  assert (state["last_seen_indices"], state["last_worker_index"], state["worker_count"]) == ({"0": 4, "1": 5}, -1, 2)
+  with iter(dl) as it:
+    it.set_state(json.dumps(state).encode())
+    assert [b.tolist() for b in it] == rest
+  state["last_seen_indices"] = {"0": 8, "1": 9}  # Edited: 10 records.
+  with iter(dl) as it:
+    it.set_state(json.dumps(state).encode())
+    assert next(it).tolist() == [10, 11]
+
+
+# Private module paths public clients import (axlearn, xlstm-jax, MaxText,
+# notebooks), and Grain's internal classes built directly with transforms.
+PRIVATE_PATHS = """
+import grain
+from grain._src.core import sharding
+from grain._src.core import transforms
+from grain._src.python.data_loader import _determine_worker_count
+from grain._src.python.dataset import stats as dataset_stats
+from grain._src.python.dataset.transformations.batch import BatchIterDataset, make_batch
+from grain._src.python.dataset.transformations.filter import FilterMapDataset
+from grain._src.python.dataset.transformations.flatmap import FlatMapIterDataset
+from grain._src.python.dataset.transformations.map import MapIterDataset, MapMapDataset, RandomMapMapDataset
+from grain._src.python.dataset.transformations.packing import FirstFitPackIterDataset
+from grain._src.python.dataset.transformations.prefetch import ThreadPrefetchIterDataset
+from grain._src.python.dataset.transformations.shuffle import ShuffleMapDataset
+from grain._src.python.dataset.transformations.source import SourceMapDataset
+from grain._src.python.dataset.transformations.zip import ZipIterDataset
+from grain._src.python.experimental.index_shuffle.python import index_shuffle_module
+
+class Plus(transforms.Map):
+  def map(self, x):
+    return x + 1
+
+class Odd(transforms.Filter):
+  def filter(self, x):
+    return x % 2 == 1
+
+src = SourceMapDataset(list(range(10)))
+got = [
+    list(MapMapDataset(src, Plus())), list(MapMapDataset(src, lambda x: 2 * x)), list(FilterMapDataset(src, Odd())),
+    list(ShuffleMapDataset(src, seed=3)), list(BatchIterDataset(src.to_iter_dataset(), 3, True)),
+    list(MapIterDataset(src.to_iter_dataset(), Plus())),
+    list(RandomMapMapDataset(src, lambda x, rng: int(rng.integers(1000)), seed=5)),
+    make_batch([{"a": 1}, {"a": 2}]), index_shuffle_module.index_shuffle(3, 9, 42, 4),
+    sharding.even_split(10, sharding.ShardOptions(1, 3)), list(ZipIterDataset([src.to_iter_dataset()] * 2))[:2],
+    _determine_worker_count(3), isinstance(src.shuffle(1), ShuffleMapDataset),
+    FirstFitPackIterDataset is grain.experimental.FirstFitPackIterDataset,
+    ThreadPrefetchIterDataset is grain.experimental.ThreadPrefetchIterDataset,
+    FlatMapIterDataset is grain.experimental.FlatMapIterDataset, hasattr(dataset_stats, "Stats"),
+]
+"""
+
+
+def test_private_module_paths_of_clients_port():
+  g, l = porting.run_both(PRIVATE_PATHS)
+  assert plain(l.got) == plain(g.got)
+
+
+def test_every_mapped_private_name_exists_in_grain_and_resolves():
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  import loader._src as shims  # pylint: disable=g-import-not-at-top
+  for module, names in shims._MODULES.items():  # pylint: disable=protected-access
+    grain_module = importlib.import_module(f"grain._src.{module}")
+    ours = importlib.import_module(f"loader._src.{module}")
+    for name, target in names.items():
+      assert hasattr(grain_module, name), f"grain._src.{module}.{name}"
+      assert getattr(ours, name) is shims.resolve(target)
+  with pytest.raises(AttributeError, match="grain._src.python.dataset.stats"):
+    importlib.import_module("loader._src.python.dataset.stats").make_stats  # pylint: disable=expression-not-assigned
+
+
+# Grain's dataset_test uses seed=893247023984: seed() and random_map take
+# any non-negative seed (shuffles keep Grain's 32-bit limit).
+BIG_SEEDS = """
+import grain
+ds = grain.MapDataset.range(5)
+drawn = list(ds.random_map(lambda x, rng: x + int(rng.integers(100)), seed=893247023984))
+drawn_iter = list(ds.to_iter_dataset().random_map(lambda x, rng: x + int(rng.integers(100)), seed=2**40))
+derived = list(ds.seed(2**32).shuffle())
+derived_map = list(ds.seed(2**33 + 7).random_map(lambda x, rng: int(rng.integers(1000))))
+"""
+
+
+def test_seeds_of_64_bits_as_on_grain():
+  g, l = porting.run_both(BIG_SEEDS)
+  for name in ("drawn", "drawn_iter", "derived", "derived_map"):
+    assert plain(getattr(l, name)) == plain(getattr(g, name)), name
+
+
+CLOSED = """
+import grain
+it = iter(grain.MapDataset.range(10).to_iter_dataset())
+next(it)
+it.close()
+try:
+  next(it)
+  outcome = "returned"
+except ValueError:
+  outcome = "ValueError"
+"""
+
+
+def test_next_after_close_raises_as_on_grain():
+  g, l = porting.run_both(CLOSED)
+  assert l.outcome == g.outcome == "ValueError"
+
+
+# A map under mp_prefetch runs in the workers only (it may crash or hang a
+# process, or initialise an accelerator): count where it ran.
+MAP_IN_WORKERS = """
+import collections, json, os
+import grain
+
+MAIN = os.getpid()
+
+def in_main(x):
+  return os.getpid() == MAIN
+
+if __name__ == "__main__":
+  from absl import flags
+  flags.FLAGS.mark_as_parsed()
+  ds = grain.MapDataset.range(300).map(in_main).to_iter_dataset()
+  print(json.dumps(dict(collections.Counter(str(x) for x in ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2))))))
+"""
+
+
+@pytest.mark.parametrize("lib", porting.LIBS)
+def test_a_user_map_under_mp_prefetch_never_runs_in_the_parent(lib, tmp_path):
+  assert porting.run_script(MAP_IN_WORKERS, lib, tmp_path) == {"False": 300}
+
+
+def test_waiting_maps_use_the_read_threads_and_keep_the_stream():
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+
+  import loader  # pylint: disable=g-import-not-at-top
+
+  seen = set()
+
+  def waits(x):
+    seen.add(threading.current_thread().name)
+    time.sleep(0.002)  # Releases the GIL, as I/O does.
+    return x * x
+
+  base = loader.MapDataset.range(300).shuffle(seed=1).map(waits)
+  one = list(base.to_iter_dataset(loader.ReadOptions(num_threads=1)))
+  assert len(seen) == 1
+  seen.clear()
+  many = list(base.to_iter_dataset(loader.ReadOptions(num_threads=8)))
+  assert many == one == [x * x for x in loader.MapDataset.range(300).shuffle(seed=1)]
+  assert len({name for name in seen if name.startswith("loader-map")}) > 1
+
+
+# Grain's interleave_test.test_options_propagated.
+OPTIONS_THROUGH_INTERLEAVE = """
+import grain
+ds1 = grain.MapDataset.source([1]).repeat(1000).to_iter_dataset().filter(lambda x: False)
+ds2 = grain.MapDataset.source([2]).repeat(1000).to_iter_dataset()
+ds = grain.experimental.WithOptionsIterDataset(
+    grain.experimental.InterleaveIterDataset([ds1, ds2], cycle_length=1),
+    grain.experimental.DatasetOptions(filter_raise_threshold_ratio=0.1))
+try:
+  outcome = len(list(ds))
+except ValueError:
+  outcome = "ValueError"
+"""
+
+
+def test_options_set_around_an_interleave_reach_its_inputs():
+  g, l = porting.run_both(OPTIONS_THROUGH_INTERLEAVE)
+  assert l.outcome == g.outcome == "ValueError"
+
+
+# A custom iterator whose own state uses a key loader adds to states.
+STATE_KEY_COLLISION = """
+import grain
+
+class Tagged(grain.DatasetIterator):
+  def __init__(self, parent):
+    super().__init__(parent)
+    self._n = 0
+  def __next__(self):
+    self._n += 1
+    return next(self._parent)
+  def get_state(self):
+    return {"pipeline": self._n, "parent": self._parent.get_state()}
+  def set_state(self, state):
+    self._n = state["pipeline"]
+    self._parent.set_state(state["parent"])
+
+class TaggedDataset(grain.IterDataset):
+  def __iter__(self):
+    return Tagged(self._parent.__iter__())
+
+ds = TaggedDataset(grain.MapDataset.range(6).to_iter_dataset())
+it = iter(ds)
+head = [next(it), next(it)]
+resumed = iter(ds)
+resumed.set_state(it.get_state())
+rest = list(resumed)
+"""
+
+
+def test_a_custom_state_may_use_loaders_state_keys():
+  g, l = porting.run_both(STATE_KEY_COLLISION)
+  assert plain(l.rest) == plain(g.rest) == [2, 3, 4, 5]
