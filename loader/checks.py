@@ -78,13 +78,19 @@ def fn_name(fn: Callable[..., Any]) -> str:
   return getattr(fn, "__qualname__", None) or type(fn).__qualname__
 
 
-def random_map_seed(parent: Any, seed: int | None, what: str) -> int:
-  """The checked seed of a random map on `parent`: `seed`, else derived from upstream `seed()` calls."""
+def seed_or_default(parent: Any, seed: int | None, what: str, *, any_size: bool = False) -> int:
+  """The checked seed of an op on `parent`: `seed`, else derived from upstream `seed()` calls."""
   if seed is None:
     seed = default_seed(parent)
     if seed is None:
       raise ValueError(f"{what} needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
-  return check_seed(seed, what, any_size=True)
+    return seed
+  return check_seed(seed, what, any_size=any_size)
+
+
+def random_map_seed(parent: Any, seed: int | None, what: str) -> int:
+  """`seed_or_default` for a random map, which takes seeds of any size as Grain's."""
+  return seed_or_default(parent, seed, what, any_size=True)
 
 
 def default_seed(parent: Any) -> int | None:

@@ -177,12 +177,18 @@ class DataLoader:
     """
     return self._grain_position_for(consumed, self._multiprocessing_options.num_workers)
 
-  def _grain_position_for(self, consumed: int, worker_count: int) -> dict[str, Any]:
-    # Grain's worker w reads this shard's positions w, w + workers, ...;
-    # last_seen is the global sampler index of the last one it read.
+  def _worker_layout(self, worker_count: int) -> tuple[int, int, int, int]:
+    """(shard_index, shard_count, workers, stride) of Grain's round-robin layout.
+
+    Grain's worker w reads this shard's positions w, w + workers, ...; its
+    last_seen index is the global sampler index of the last one it read.
+    """
     shard_index, shard_count = self._shard_options.shard_index, self._shard_options.shard_count
     workers = max(worker_count, 1)
-    stride = workers * shard_count
+    return shard_index, shard_count, workers, workers * shard_count
+
+  def _grain_position_for(self, consumed: int, worker_count: int) -> dict[str, Any]:
+    shard_index, shard_count, workers, stride = self._worker_layout(worker_count)
     seen = {str(w): shard_index + w * shard_count + (max(0, -(-(consumed - w) // workers)) - 1) * stride
             for w in range(workers)}
     return {"version": _GRAIN_STATE_VERSION, "last_seen_indices": seen,
@@ -199,20 +205,22 @@ class DataLoader:
       if _ADDRESS.sub("", str(state[key])) not in mine:
         raise ValueError(f"Grain DataLoader state is for another pipeline: {key} {state[key]!r} != "
                          f"this DataLoader's {' or '.join(map(repr, sorted(mine)))}.")
-    if any(op.kind in ("flat_map", "operation") for op in self._operations):
+    if not self._positions_translate():
       raise ValueError("Cannot resume a Grain DataLoader state in a pipeline with a FlatMap or a custom "
                        "Operation: Grain's positions there do not map onto loader's.")
+
+  def _positions_translate(self) -> bool:
+    """Whether Grain's record positions map onto ours (not through a FlatMap or custom Operation)."""
+    return not any(op.kind in ("flat_map", "operation") for op in self._operations)
 
   def _grain_consumed(self, state: dict[str, Any]) -> int:
     """Records of this shard that Grain's position keys say were consumed.
 
     Raises ValueError unless they form a prefix of our stream, in our order.
     """
-    shard_index, shard_count = self._shard_options.shard_index, self._shard_options.shard_count
     grain_workers = checks.check_int(state["worker_count"], "Grain state worker_count", minimum=0)
+    shard_index, shard_count, workers, stride = self._worker_layout(grain_workers)
     seen = state["last_seen_indices"]
-    workers = max(grain_workers, 1)
-    stride = workers * shard_count
     try:
       offsets = [int(seen[str(w)]) - shard_index - w * shard_count for w in range(workers)]
     except (KeyError, TypeError, ValueError):
@@ -291,7 +299,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     loader = self._data_loader
     pipeline = loader._pipeline  # pylint: disable=protected-access
     positions = _positions(dataset_state)
-    if len(positions) != 1 or any(op.kind in ("flat_map", "operation") for op in loader._operations):  # pylint: disable=protected-access
+    if len(positions) != 1 or not loader._positions_translate():  # pylint: disable=protected-access
       return None
     return min(positions[0] * pipeline.records_per_position, pipeline.num_positions)
 
@@ -323,7 +331,8 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
                        "pipelines with a FlatMap are dataset states, which loader cannot resume).")
 
   def _set_own_state(self, state: dict[str, Any]) -> None:
-    version = state.get(_STATE_VERSION_KEY, state.get("version") if _STATE_VERSION_KEY not in state else None)
+    # Version 1 kept ours in "version", which is Grain's since version 2.
+    version = state[_STATE_VERSION_KEY] if _STATE_VERSION_KEY in state else state.get("version")
     if version not in (_STATE_VERSION, _V1_STATE_VERSION):
       raise ValueError(f"DataLoader state version {version!r} is not supported "
                        f"(this loader reads versions {_V1_STATE_VERSION} and {_STATE_VERSION}).")
@@ -332,10 +341,14 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
         raise ValueError(f"DataLoader state is for another pipeline: {key} {state.get(key)!r} != this "
                          f"DataLoader's {mine!r}.")
     if version == _STATE_VERSION and "last_seen_indices" in state:
-      grain_keys = {k: state[k] for k in ("version", "last_seen_indices", "last_worker_index", "worker_count")}
+      try:
+        grain_keys = {k: state[k] for k in ("version", "last_seen_indices", "last_worker_index", "worker_count")}
+      except KeyError as e:
+        raise ValueError(f"DataLoader state has last_seen_indices but no {e.args[0]!r}; was it edited by hand?") from None
       written = self._consumed(state["dataset"])
+      workers = checks.check_int(state["worker_count"], "DataLoader state worker_count", minimum=0)
       if written is not None and grain_keys != self._data_loader._grain_position_for(  # pylint: disable=protected-access
-          written, state["worker_count"]):
+          written, workers):
         # Someone edited Grain's keys (to skip ahead, say): they say where to go.
         self._set_position(self._data_loader._grain_consumed(state))  # pylint: disable=protected-access
         return

@@ -51,7 +51,12 @@ def parent_calls() -> Iterator[None]:
     _local.depth = outer
 
 
+def _user_defined(fn) -> bool:
+  return not (getattr(fn, "__module__", None) or "").startswith("loader.")
+
+
 def _wrap_get_state(fn):
+  user_defined = _user_defined(fn)
 
   @functools.wraps(fn)
   def get_state(self):
@@ -60,7 +65,7 @@ def _wrap_get_state(fn):
     with parent_calls():
       state = fn(self)
     description = self._state_description()  # pylint: disable=protected-access
-    if description is None or not isinstance(state, dict):
+    if description is None or (user_defined and not isinstance(state, dict)):
       return state  # A custom iterator's own non-dict state stays as Grain returns it.
     return state_lib.stamp(state, description)
 
@@ -69,7 +74,7 @@ def _wrap_get_state(fn):
 
 
 def _wrap_set_state(fn):
-  user_defined = not fn.__module__.startswith("loader.")
+  user_defined = _user_defined(fn)
 
   @functools.wraps(fn)
   def set_state(self, state):

@@ -235,9 +235,9 @@ def reading_threads(num_threads: int) -> int:
 # call whose reads are spread over files instead: slicing the chunk would
 # make every read smaller.
 _SPLIT_SECONDS_PER_RECORD = 50e-6
-# A map whose threads use less CPU than this share of their wall time wait
-# (I/O, sleeps) and may use all `num_threads`; one that computes uses at most
-# its share of the cores.
+# Work whose threads use less CPU than this share of the time waits (I/O,
+# sleeps) and may use all `num_threads`; work that computes uses at most its
+# share of the cores.
 _WAITING_CPU_SHARE = 0.5
 
 
@@ -251,69 +251,102 @@ def _timed(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tuple[list[
 
 
 class ChunkComputer:
-  """Computes chunks of one MapDataset, on up to `num_threads` threads where elements are costly.
+  """Computes chunks of one MapDataset, on several threads where elements are costly.
 
-  Every chunk measures the cost per record of its per-element work (batched
-  source reads left out), summed over the threads that computed it. The next
-  chunk is split into slices computed side by side when that cost is at least
-  `_SPLIT_SECONDS_PER_RECORD` (and the first chunk, whose cost is unknown,
-  always is): into `num_threads` slices when the elements mostly wait (I/O),
-  into at most `cores_share` otherwise. Threads that contend for the GIL only
-  inflate the measured cost, which keeps such a map split, harmlessly; a
-  chunk of cheap records is measured in one call from then on. Slicing never
-  changes which elements are computed, only where.
+  A chunk computed in one call measures the per-record seconds of its
+  per-element work (batched source reads left out) and whether that work
+  waits (uses under half a CPU). A chunk whose elements cost at least
+  `_SPLIT_SECONDS_PER_RECORD` is split into slices computed side by side:
+  `num_threads` of them when the work waits (I/O), at most `cores_share`
+  when it computes. A split chunk measures the CPU its threads used against
+  its elapsed time, so threads that contend for the GIL or the cores are not
+  mistaken for waiting ones. The first element is computed alone first, so
+  the first chunk is split, or not, on a measurement. Slicing never changes
+  which elements are computed, only where.
   """
 
   def __init__(self, ds: map_dataset_lib.MapDataset, num_threads: int, *, cores_share: int | None = None):
     self._ds = ds
     self._threads = max(0, num_threads)
-    self._read_threads = reading_threads(num_threads) if num_threads > 0 else 1
     self._cores = max(1, cores_share if cores_share is not None else available_cores())
+    self._read_threads = min(reading_threads(num_threads), 2 * self._cores) if num_threads > 0 else 1
     self._records = max(1, ds._records_per_element)  # pylint: disable=protected-access
     self._cost: float | None = None  # Seconds of per-element work per record, one thread.
     self._waits = False
+    self._lock = threading.Lock()
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+    self._closed = False
 
   def _slices(self, n: int) -> int:
-    if self._threads <= 1 or n <= 1 or (self._cost is not None and self._cost < _SPLIT_SECONDS_PER_RECORD):
+    if self._threads <= 1 or n <= 1 or self._cost is None or self._cost < _SPLIT_SECONDS_PER_RECORD:
       return 1
-    return min(n, self._threads if self._waits or self._cost is None else min(self._threads, self._cores))
+    return min(n, self._threads if self._waits else min(self._threads, self._cores))
 
   def compute(self, start: int, stop: int) -> tuple[list[Any], Exception | None, float]:
     """Elements [start, stop) as `compute_chunk` gives them, and the wall seconds taken."""
     t0 = time.perf_counter()
-    slices = self._slices(stop - start)
-    if slices == 1:
-      with source_lib.parallel_reads(self._read_threads):
-        elements, error, work, cpu = _timed(self._ds, start, stop)
-    else:
-      elements, error, work, cpu = self._compute_sliced(start, stop, slices)
-    if elements:
-      self._cost = work / (len(elements) * self._records)
-      self._waits = cpu < _WAITING_CPU_SHARE * work
+    if self._cost is None and self._threads > 1 and stop - start > 1:
+      first, error = self._compute(start, start + 1)  # Measures, then the rest is split or not.
+      if error is not None:
+        return first, error, time.perf_counter() - t0
+      rest, error = self._compute(start + 1, stop)
+      return first + rest, error, time.perf_counter() - t0
+    elements, error = self._compute(start, stop)
     return elements, error, time.perf_counter() - t0
 
-  def _compute_sliced(self, start: int, stop: int, slices: int):
-    if self._pool is None:
-      self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="loader-map")
-    bounds = np.linspace(start, stop, slices + 1).astype(np.int64).tolist()
-    futures = [self._pool.submit(_timed, self._ds, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+  def _compute(self, start: int, stop: int) -> tuple[list[Any], Exception | None]:
+    slices = self._slices(stop - start)
+    pool = self._thread_pool() if slices > 1 else None
+    if pool is None:
+      with source_lib.parallel_reads(self._read_threads):
+        elements, error, work, cpu = _timed(self._ds, start, stop)
+      if elements:
+        self._cost = work / (len(elements) * self._records)
+        self._waits = cpu < _WAITING_CPU_SHARE * work
+      return elements, error
+    t0 = time.perf_counter()
+    n = stop - start
+    bounds = [start + n * i // slices for i in range(slices + 1)]
+    futures = []
+    try:
+      for a, b in zip(bounds, bounds[1:]):
+        futures.append(pool.submit(_timed, self._ds, a, b))
+    except RuntimeError:  # Closed meanwhile, or no thread could start: the rest in this thread.
+      futures.append(None)
     elements: list[Any] = []
     work = cpu = 0.0
     for i, fut in enumerate(futures):
-      part, error, part_work, part_cpu = fut.result()
+      if fut is None:
+        part, error, part_work, part_cpu = _timed(self._ds, start + len(elements), stop)
+      else:
+        part, error, part_work, part_cpu = fut.result()
       elements.extend(part)
       work, cpu = work + part_work, cpu + part_cpu
       if error is not None:  # The elements before the failing one, then the error.
         for later in futures[i + 1:]:
-          later.cancel()
-        return elements, error, work, cpu
-    return elements, None, work, cpu
+          if later is not None:
+            later.cancel()
+        return elements, error
+    if elements:
+      waits = cpu < _WAITING_CPU_SHARE * (time.perf_counter() - t0)
+      self._waits = waits
+      # Computing threads: their CPU is the cost (waiting for the GIL is not);
+      # waiting ones: their own wall time is.
+      self._cost = (work if waits else cpu) / (len(elements) * self._records)
+    return elements, None
+
+  def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
+    with self._lock:
+      if self._pool is None and not self._closed:
+        self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="loader-map")
+      return self._pool
 
   def close(self) -> None:
-    if self._pool is not None:
-      self._pool.shutdown(wait=False, cancel_futures=True)
-      self._pool = None
+    with self._lock:
+      self._closed = True
+      pool, self._pool = self._pool, None
+    if pool is not None:
+      pool.shutdown(wait=False, cancel_futures=True)
 
 
 class ThreadChunkProducer:

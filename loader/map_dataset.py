@@ -387,15 +387,6 @@ class _WithSeedMapDataset(_IndexMapDataset[T]):
     return self._seed
 
 
-def _seed_or_default(ds: MapDataset, seed: int | None, what: str, *, any_size: bool = False) -> int:
-  if seed is not None:
-    return checks.check_seed(seed, what, any_size=any_size)
-  derived = checks.default_seed(ds)
-  if derived is None:
-    raise ValueError(f"{what} needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
-  return derived
-
-
 class ShuffleMapDataset(_IndexMapDataset[T]):
   """Global shuffle in Grain's order: epoch e is Grain's index shuffle seeded `(seed + e) % 2**32` (O(1) memory)."""
 
@@ -403,7 +394,7 @@ class ShuffleMapDataset(_IndexMapDataset[T]):
 
   def __init__(self, parent: MapDataset[T], *, seed: int | None = None):
     super().__init__(parent)
-    self._seed = _seed_or_default(parent, seed, "shuffle()")
+    self._seed = checks.seed_or_default(parent, seed, "shuffle()")
     self._parent_len = len(parent)
     # Shuffling after repeat() permutes all sys.maxsize positions, as Grain
     # does: records are drawn without regard to epochs (shuffle first to keep
@@ -549,7 +540,7 @@ class RandomMapMapDataset(MapDataset[S]):
                seed: int | None = None):
     super().__init__(parent)
     self._fn = checks.resolve_fn(transform, "random_map", "RandomMapMapDataset")
-    self._seed = _seed_or_default(parent, seed, "random_map()", any_size=True)
+    self._seed = checks.random_map_seed(parent, seed, "random_map()")
 
   def __len__(self) -> int:
     return len(self._parent)

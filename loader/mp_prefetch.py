@@ -44,7 +44,6 @@ from loader import engine
 from loader import iter_dataset as iter_lib
 from loader import map_dataset as map_lib
 from loader import options as options_lib
-from loader import source as source_lib
 
 _PARENT_POLL_S = 0.5
 # Grain's default for mp_prefetch() without options.
@@ -89,9 +88,11 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
                  parent_pid: int) -> None:
   """Worker loop: compute requested chunks until told to stop."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)
-  # Sources read in this thread. Named like the parent's compute thread (and
-  # Grain's reading threads, "grain-prefetch_0"), since some sources pick
-  # their stream by the number after the underscore (MaxText's HFDataSource).
+  # Sources read in this thread (and, for costly elements, in the part's
+  # "loader-map_N" threads; with ReadOptions(num_threads=1) only here). Named
+  # like the parent's compute thread (and Grain's reading threads,
+  # "grain-prefetch_0"), since some sources pick their stream by the number
+  # after the underscore (MaxText's HFDataSource).
   threading.current_thread().name = "loader-worker_0"
   outstanding: set[str] = set()  # Sent segments the parent has not acknowledged.
   lock = threading.Lock()
@@ -372,10 +373,8 @@ def _runs_only_loader_code(ds: map_lib.MapDataset) -> bool:
   user's map or source may crash or hang a process, and must do it in a
   worker, as in Grain."""
   if isinstance(ds, map_lib.SourceMapDataset):
-    src = ds._source  # pylint: disable=protected-access
-    return (type(src) in (range, list, tuple)
-            or (isinstance(src, source_lib.ArrayRecordSource) and type(src).read is source_lib.ArrayRecordSource.read
-                and type(src).__getitem__ is source_lib.ArrayRecordSource.__getitem__))
+    # pylint: disable-next=protected-access
+    return type(ds._source) in (range, list, tuple) or ds._reader._objects  # An ArrayRecordSource's own reads.
   if isinstance(ds, map_lib.BatchMapDataset):
     safe = ds._batch_fn is batching.make_batch  # pylint: disable=protected-access
   else:

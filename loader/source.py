@@ -686,7 +686,8 @@ class BatchedSource:
     self._objects = (isinstance(source, ArrayRecordSource) and cls.read is ArrayRecordSource.read
                      and cls.__getitem__ is ArrayRecordSource.__getitem__)
     # (key, element) pairs read before a read by index failed (see read).
-    self._read_before_failure: collections.deque[tuple[int, Any]] = collections.deque()
+    # Per reading thread: the engine may compute slices of a chunk side by side.
+    self._read_before_failure = threading.local()
 
   def __len__(self) -> int:
     return len(self.source)
@@ -712,7 +713,9 @@ class BatchedSource:
       with _batched_read():
         return list(getattr(src, self._batched)(keys))
     out = []
-    kept = self._read_before_failure
+    kept = getattr(self._read_before_failure, "pairs", None)
+    if kept is None:
+      kept = self._read_before_failure.pairs = collections.deque()
     try:
       for i in keys:
         if kept and kept[0][0] == i:
@@ -731,5 +734,9 @@ class BatchedSource:
 
   def __getstate__(self):
     state = self.__dict__.copy()
-    state["_read_before_failure"] = collections.deque()
+    del state["_read_before_failure"]
     return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._read_before_failure = threading.local()

@@ -84,7 +84,8 @@ def same_as_grain(ds: Any) -> bool:
 
 
 def is_stamped(state: Any) -> bool:
-  return isinstance(state, dict) and any(k in state for k in _STAMP_KEYS)
+  # The version key decides: a custom iterator's state may hold a "pipeline" key of its own.
+  return isinstance(state, dict) and VERSION_KEY in state
 
 
 # Where `stamp` keeps a custom iterator's state that is not a dict, or that

@@ -427,3 +427,48 @@ rest = list(resumed)
 def test_a_custom_state_may_use_loaders_state_keys():
   g, l = porting.run_both(STATE_KEY_COLLISION)
   assert plain(l.rest) == plain(g.rest) == [2, 3, 4, 5]
+
+
+NESTED_CUSTOM_STATES = """
+import grain
+
+class Counting(grain.DatasetIterator):
+  def __init__(self, parent, as_dict):
+    super().__init__(parent)
+    self._n, self._as_dict = 0, as_dict
+  def __next__(self):
+    self._n += 1
+    return next(self._parent)
+  def get_state(self):
+    return {"pipeline": "mine", "n": self._n} if self._as_dict else self._n
+  def set_state(self, state):
+    n = state["n"] if self._as_dict else state
+    if self._as_dict:
+      assert state["pipeline"] == "mine", state
+    for _ in range(n):
+      next(self._parent)
+    self._n = n
+
+class CountingDataset(grain.IterDataset):
+  def __init__(self, parent, as_dict):
+    super().__init__(parent)
+    self._as_dict = as_dict
+  def __iter__(self):
+    return Counting(self._parent.__iter__(), self._as_dict)
+
+out = {}
+for as_dict in (False, True):
+  for stage in ("map", "batch"):
+    ds = CountingDataset(grain.MapDataset.range(8).to_iter_dataset(), as_dict)
+    ds = ds.map(lambda x: x * 10) if stage == "map" else ds.batch(2)
+    it = iter(ds)
+    next(it)
+    resumed = iter(ds)
+    resumed.set_state(it.get_state())
+    out[f"{as_dict}-{stage}"] = [list(map(int, x)) if stage == "batch" else int(x) for x in resumed]
+"""
+
+
+def test_custom_states_round_trip_under_loader_stages():
+  g, l = porting.run_both(NESTED_CUSTOM_STATES)
+  assert l.out == g.out

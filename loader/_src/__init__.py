@@ -8,7 +8,8 @@ modules: MaxText subclasses its TFRecord reader, axlearn and xlstm-jax import
 for type hints. Three modules are files here (they define classes of their
 own); every other path in `_MODULES` is made on import by `_Finder`, and
 its names resolve on first use to the very objects loader's public API
-exports. A name loader lacks raises AttributeError naming the Grain module.
+exports. A name loader lacks raises AttributeError naming the Grain module
+(`from ... import name` turns that into an ImportError).
 Nothing in loader imports this package.
 """
 
@@ -136,6 +137,8 @@ def _make_module(module: types.ModuleType, relative: str) -> None:
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
   """Makes the modules of `_MODULES` (and their packages) that have no file here."""
 
+  loader_src_finder = True  # Recognised across reloads of this module.
+
   _PREFIX = __name__ + "."
 
   def find_spec(self, fullname, path=None, target=None):  # pylint: disable=unused-argument
@@ -154,5 +157,5 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 # After the path finders, so the files here win.
-if not any(isinstance(f, _Finder) for f in sys.meta_path):
+if not any(getattr(f, "loader_src_finder", False) for f in sys.meta_path):
   sys.meta_path.append(_Finder())
