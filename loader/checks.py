@@ -34,9 +34,16 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
   return int(value)
 
 
+class SeedTypeError(ValueError, TypeError):
+  """A seed that is not an integer (a TypeError too, as Grain raises for e.g. a tuple)."""
+
+
 def check_seed(seed: Any, what: str = "seed", *, any_size: bool = False) -> int:
   """A seed in [0, 2**32-1], as Grain's shuffles require; any size >= 0 with
   `any_size` (Grain's `seed()` and random maps hash it into a Philox key)."""
+  if not is_int(seed) and not isinstance(seed, (int, float)):
+    range_text = "a non-negative integer" if any_size else "an integer between 0 and 2**32-1"
+    raise SeedTypeError(f"{what}: seed must be {range_text} (got {seed=!r}).")
   if any_size:
     if not is_int(seed) or seed < 0:
       raise ValueError(f"{what}: seed must be a non-negative integer (got {seed=!r}).")

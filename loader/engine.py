@@ -547,7 +547,8 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     if dataset_iterator.restoring_foreign_state() and checks.is_int(k) and self._unit > 1:
       k = self._from_grain_position(int(k))
     if not checks.is_int(k) or not 0 <= k <= self._len:
-      raise state_lib.StateMismatchError(
+      error = state_lib.PositionOutOfRangeError if checks.is_int(k) else state_lib.StateMismatchError
+      raise error(
           f"{type(self).__name__}.set_state: next_index must be an integer in "
           f"[0, {self._len}] for this dataset (got {k!r}); was the state saved from another dataset?")
     self._buffer, self._buffer_start, self._pos, self._error = [], int(k), 0, None

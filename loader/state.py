@@ -42,6 +42,10 @@ class StateMismatchError(ValueError):
   """A state that does not belong to this pipeline (or cannot be resumed exactly)."""
 
 
+class PositionOutOfRangeError(StateMismatchError, IndexError):
+  """A state's position past the end of this dataset (an IndexError too, as Grain raises)."""
+
+
 def _clean(text: str) -> str:
   # Object addresses differ between runs; they must not make a state foreign.
   text = _ADDRESS.sub("", text)

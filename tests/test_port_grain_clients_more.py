@@ -472,3 +472,26 @@ for as_dict in (False, True):
 def test_custom_states_round_trip_under_loader_stages():
   g, l = porting.run_both(NESTED_CUSTOM_STATES)
   assert l.out == g.out
+
+
+# Grain's prefetch_test.test_invalid_checkpoint and samplers_test.test_invalid_non_integer_seed.
+ERROR_TYPES = """
+import grain
+it = iter(grain.MapDataset.range(20).to_iter_dataset())
+try:
+  it.set_state({"next_index": 30})
+  past_end = "restored"
+except IndexError:
+  past_end = "IndexError"
+try:
+  grain.samplers.IndexSampler(num_records=4, shard_options=grain.sharding.NoSharding(), shuffle=True,
+                              num_epochs=2, seed=(3, 4))
+  tuple_seed = "accepted"
+except TypeError:
+  tuple_seed = "TypeError"
+"""
+
+
+def test_error_types_of_grains_own_tests():
+  g, l = porting.run_both(ERROR_TYPES)
+  assert (l.past_end, l.tuple_seed) == (g.past_end, g.tuple_seed) == ("IndexError", "TypeError")
