@@ -130,8 +130,9 @@ def make_batch(values: Sequence[Any], _path: str = "") -> Any:
     raise _mixed_none(_path)
   if isinstance(first, Mapping):
     keys = _batch_keys(first)
+    ordered = isinstance(first, collections.OrderedDict)  # Its order is part of its structure.
     for v in values:
-      if not isinstance(v, Mapping) or v.keys() != first.keys():
+      if not isinstance(v, Mapping) or v.keys() != first.keys() or (ordered and list(v.keys()) != keys):
         raise ValueError(
             f"Cannot batch {_path or '<element>'}: elements have different keys "
             f"({keys} vs {list(v.keys()) if isinstance(v, Mapping) else type(v).__name__}).")

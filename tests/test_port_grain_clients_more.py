@@ -155,6 +155,12 @@ nested = describe(grain.MapDataset.source(
 ).batch(2)[0])
 none_child = describe(grain.MapDataset.source([TrainingInput(np.arange(2), None)] * 2).batch(2)[0])
 ordered = describe(grain.MapDataset.source([collections.OrderedDict([("z", 1), ("a", 2)])] * 2).batch(2)[0])
+try:
+  grain.MapDataset.source([collections.OrderedDict([("z", 1), ("a", 2)]),
+                           collections.OrderedDict([("a", 2), ("z", 1)])]).batch(2)[0]
+  mixed_orders = "batched"
+except ValueError:
+  mixed_orders = "ValueError"
 default = collections.defaultdict(list, {"b": 1, "a": 2})
 defaults = grain.MapDataset.source([default, default]).batch(2)[0]
 defaults = [type(defaults).__name__, defaults.default_factory.__name__, describe(dict(defaults))]
@@ -163,7 +169,8 @@ defaults = [type(defaults).__name__, defaults.default_factory.__name__, describe
 
 def test_jax_pytree_elements_and_dict_flavours_batch_as_on_grain():
   g, l = porting.run_both(PYTREES)
-  for name in ("batched_map", "batched_iter", "loader_batches", "nested", "none_child", "ordered", "defaults"):
+  for name in ("batched_map", "batched_iter", "loader_batches", "nested", "none_child", "ordered", "defaults",
+               "mixed_orders"):
     assert getattr(l, name) == getattr(g, name), name
   assert l.batched_map == ["TrainingInput", ["int64", [[2, 3, 4], [3, 4, 5]]], ["bool", [[True] * 3] * 2]]
   assert l.ordered[1][0][0] == "z"  # An OrderedDict keeps its order; a dict's keys come out sorted.
