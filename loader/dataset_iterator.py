@@ -102,6 +102,16 @@ def _wrap_set_state(fn):
   return set_state
 
 
+def get_next_index(ds_iter: DatasetIterator) -> int:
+  """The index of the element `ds_iter` produces next (Grain's experimental API)."""
+  return ds_iter._get_next_index()  # pylint: disable=protected-access
+
+
+def set_next_index(ds_iter: DatasetIterator, index: int) -> None:
+  """Moves `ds_iter` so that it produces element `index` next, without computing any (Grain's experimental API)."""
+  ds_iter._set_next_index(index)  # pylint: disable=protected-access
+
+
 def _shared_context(parents: Sequence[DatasetIterator]) -> dataset_options.IteratorContext:
   """One context for a new iterator and every iterator below it (as in Grain).
 
@@ -165,6 +175,18 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
   @abc.abstractmethod
   def set_state(self, state: dict[str, Any]) -> None:
     """Moves to `state` (from `get_state` of an iterator of the same pipeline)."""
+
+  def _get_next_index(self) -> int:
+    raise NotImplementedError(
+        f"get_next_index is not supported by {type(self).__name__}: loader supports it on iterators of a "
+        "MapDataset part (to_iter_dataset(), with the map/filter/batch stages folded into it, and mp_prefetch "
+        "over one); use get_state() elsewhere.")
+
+  def _set_next_index(self, index: int) -> None:
+    raise NotImplementedError(
+        f"set_next_index is not supported by {type(self).__name__}: loader supports it on iterators of a "
+        "MapDataset part (to_iter_dataset(), with the map/filter/batch stages folded into it, and mp_prefetch "
+        "over one); use set_state() elsewhere.")
 
   def start_prefetch(self) -> None:
     """Starts background work (threads, worker processes) before the first `next`.

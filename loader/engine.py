@@ -546,13 +546,26 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
             f"next_index={k!r}; was it saved from a different pipeline?")
     if dataset_iterator.restoring_foreign_state() and checks.is_int(k) and self._unit > 1:
       k = self._from_grain_position(int(k))
+    self._move_to(k, "set_state")
+
+  def _move_to(self, k: Any, what: str) -> None:
     if not checks.is_int(k) or not 0 <= k <= self._len:
       error = state_lib.PositionOutOfRangeError if checks.is_int(k) else state_lib.StateMismatchError
       raise error(
-          f"{type(self).__name__}.set_state: next_index must be an integer in "
+          f"{type(self).__name__}.{what}: next_index must be an integer in "
           f"[0, {self._len}] for this dataset (got {k!r}); was the state saved from another dataset?")
     self._buffer, self._buffer_start, self._pos, self._error = [], int(k), 0, None
     self._producer.reset(int(k))
+
+  # Grain's experimental get_next_index / set_next_index: the position of the
+  # next element (loader's unit: an element of the folded MapDataset, so a
+  # folded iterator-level batch counts batches, as Grain's batch iterator does).
+
+  def _get_next_index(self) -> int:
+    return self._buffer_start + self._pos
+
+  def _set_next_index(self, index: int) -> None:
+    self._move_to(index, "set_next_index")
 
   def _from_grain_position(self, k: int) -> int:
     if self._unit_len is not None and k >= self._unit_len:

@@ -61,6 +61,9 @@ _NAMES: dict[str, tuple[str, str]] = {
     "PerformanceConfig": (_T + "perf_config", "PerformanceConfig"),
     # Grain's test helper for pipelines that checkpoint.
     "assert_equal_output_after_checkpoint": ("loader.testing", "assert_equal_output_after_checkpoint"),
+    # Positions of MapDataset-part iterators, without computing elements.
+    "get_next_index": ("loader.dataset_iterator", "get_next_index"),
+    "set_next_index": ("loader.dataset_iterator", "set_next_index"),
 }
 
 # Grain 0.2.18 names loader does not provide -> why, and what to use instead.
@@ -68,8 +71,6 @@ UNSUPPORTED: dict[str, str] = {
     "ShapeDtypeStruct": "element specs are not tracked; read one element to see its shapes",
     "ShapeDtypeStructProtocol": "element specs are not tracked; read one element to see its shapes",
     "get_element_spec": "element specs are not tracked; read one element to see its shapes",
-    "get_next_index": "positions are checkpointed with iterator.get_state()",
-    "set_next_index": "positions are restored with iterator.set_state()",
 }
 
 __all__ = sorted(_NAMES)

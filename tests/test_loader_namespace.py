@@ -46,8 +46,6 @@ _EXPERIMENTAL_NOT_SUPPORTED = {
     "ShapeDtypeStruct": "element-spec helper of get_element_spec, which loader does not have",
     "ShapeDtypeStructProtocol": "element-spec helper of get_element_spec, which loader does not have",
     "get_element_spec": "static element shapes/dtypes of a pipeline; not tracked by loader",
-    "get_next_index": "Grain's position of a MapDataset iterator; loader's state is in get_state()",
-    "set_next_index": "Grain's position of a MapDataset iterator; loader's state is in set_state()",
 }
 
 # (Grain namespace, name) -> why loader does not have it.

@@ -502,3 +502,27 @@ except TypeError:
 def test_error_types_of_grains_own_tests():
   g, l = porting.run_both(ERROR_TYPES)
   assert (l.past_end, l.tuple_seed) == (g.past_end, g.tuple_seed) == ("IndexError", "TypeError")
+
+
+# grain.experimental.get_next_index / set_next_index on MapDataset-part iterators.
+NEXT_INDEX = """
+import grain
+from grain.experimental import get_next_index, set_next_index
+out = []
+for ds in [grain.MapDataset.range(20).to_iter_dataset(),
+           grain.MapDataset.range(20).shuffle(seed=3).map(lambda x: x * 2).to_iter_dataset(),
+           grain.MapDataset.range(20).to_iter_dataset().batch(3),
+           grain.MapDataset.range(20).to_iter_dataset().map(lambda x: x + 1),
+           grain.MapDataset.range(20).batch(4).to_iter_dataset()]:
+  it = iter(ds)
+  first = get_next_index(it)
+  head = [next(it) for _ in range(3)]
+  after = get_next_index(it)
+  set_next_index(it, 4)
+  out.append([first, after, get_next_index(it), head, next(it)])
+"""
+
+
+def test_get_and_set_next_index_as_on_grain():
+  g, l = porting.run_both(NEXT_INDEX)
+  assert plain(l.out) == plain(g.out)
