@@ -107,8 +107,9 @@ def make_batch(values: Sequence[Any], _path: str = "") -> Any:
   keep their type; as in Grain, a dict's keys come out sorted (elements may
   list them in any order; an OrderedDict keeps its order), and a None field
   stays None. Classes registered as JAX pytree nodes (registered dataclasses,
-  flax structs) are batched per child when JAX is imported, as in Grain. Numeric leaves (numpy arrays and scalars, Python numbers)
-  become `np.stack`-ed arrays. `bytes`, `str` and any other object become a
+  flax structs) are batched per child when JAX is imported, as in Grain.
+  Numeric leaves (numpy arrays and scalars, Python numbers) become
+  `np.stack`-ed arrays. `bytes`, `str` and any other object become a
   1-D numpy array of dtype object holding the original objects: not `np.stack`,
   whose fixed-width 'S' dtype would silently strip trailing NUL bytes from
   serialized protos.

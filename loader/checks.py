@@ -41,14 +41,11 @@ class SeedTypeError(ValueError, TypeError):
 def check_seed(seed: Any, what: str = "seed", *, any_size: bool = False) -> int:
   """A seed in [0, 2**32-1], as Grain's shuffles require; any size >= 0 with
   `any_size` (Grain's `seed()` and random maps hash it into a Philox key)."""
-  if not is_int(seed) and not isinstance(seed, (int, float)):
-    range_text = "a non-negative integer" if any_size else "an integer between 0 and 2**32-1"
-    raise SeedTypeError(f"{what}: seed must be {range_text} (got {seed=!r}).")
-  if any_size:
-    if not is_int(seed) or seed < 0:
-      raise ValueError(f"{what}: seed must be a non-negative integer (got {seed=!r}).")
-  elif not is_int(seed) or not 0 <= seed <= MAX_SEED:
-    raise ValueError(f"{what}: seed must be an integer between 0 and 2**32-1 (got {seed=!r}).")
+  if not is_int(seed) or seed < 0 or (not any_size and seed > MAX_SEED):
+    # A number of the wrong kind or range is a bad value; anything else a bad type too.
+    error = ValueError if isinstance(seed, (int, float)) else SeedTypeError
+    wanted = "a non-negative integer" if any_size else "an integer between 0 and 2**32-1"
+    raise error(f"{what}: seed must be {wanted} (got {seed=!r}).")
   return int(seed)
 
 

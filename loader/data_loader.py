@@ -56,7 +56,9 @@ _STATE_VERSION = 2
 _STATE_VERSION_KEY = "format_version"
 _V1_STATE_VERSION = 1
 _GRAIN_STATE_VERSION = 2
-_GRAIN_STATE_KEYS = {"version", "last_seen_indices", "last_worker_index", "worker_count", "sampler", "data_source"}
+# The keys of Grain's DataLoader state that give the position, and all of them.
+_GRAIN_POSITION_KEYS = ("version", "last_seen_indices", "last_worker_index", "worker_count")
+_GRAIN_STATE_KEYS = {*_GRAIN_POSITION_KEYS, "sampler", "data_source"}
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -342,7 +344,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
                          f"DataLoader's {mine!r}.")
     if version == _STATE_VERSION and "last_seen_indices" in state:
       try:
-        grain_keys = {k: state[k] for k in ("version", "last_seen_indices", "last_worker_index", "worker_count")}
+        grain_keys = {k: state[k] for k in _GRAIN_POSITION_KEYS}
       except KeyError as e:
         raise ValueError(f"DataLoader state has last_seen_indices but no {e.args[0]!r}; was it edited by hand?") from None
       written = self._consumed(state["dataset"])

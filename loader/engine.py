@@ -361,7 +361,6 @@ class ThreadChunkProducer:
   """
 
   def __init__(self, ds: map_dataset_lib.MapDataset, chunk_size: int | None, num_threads: int, buffer_size: int):
-    self._ds = ds
     self._len = len(ds)
     self._computer = ChunkComputer(ds, num_threads)
     self._sizer = ChunkSizer(ds, chunk_size)

@@ -326,6 +326,9 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
 
 
 _parallel = threading.local()
+_pool_lock = threading.Lock()
+_pool: tuple[int, int, concurrent.futures.ThreadPoolExecutor] | None = None  # (pid, size, pool)
+
 _clock = threading.local()
 
 
@@ -346,8 +349,6 @@ def _batched_read() -> Iterator[None]:
     yield
   finally:
     _clock.seconds = batched_read_seconds() + time.perf_counter() - t0
-_pool_lock = threading.Lock()
-_pool: tuple[int, int, concurrent.futures.ThreadPoolExecutor] | None = None  # (pid, size, pool)
 
 
 @contextlib.contextmanager

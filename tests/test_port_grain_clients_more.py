@@ -317,22 +317,43 @@ def test_seeds_of_64_bits_as_on_grain():
     assert plain(getattr(l, name)) == plain(getattr(g, name)), name
 
 
-CLOSED = """
-import grain
-it = iter(grain.MapDataset.range(10).to_iter_dataset())
-next(it)
-it.close()
-try:
+# Each snippet defines attempt(); the test checks it raises what Grain raises
+# (from Grain's own tests: prefetch_test.test_invalid_checkpoint,
+# samplers_test.test_invalid_non_integer_seed, interleave_test.test_options_propagated).
+RAISES = {
+    "next_after_close": ("ValueError", """
+def attempt():
+  it = iter(grain.MapDataset.range(10).to_iter_dataset())
   next(it)
-  outcome = "returned"
-except ValueError:
-  outcome = "ValueError"
-"""
+  it.close()
+  next(it)
+"""),
+    "checkpoint_past_the_end": ("IndexError", """
+def attempt():
+  iter(grain.MapDataset.range(20).to_iter_dataset()).set_state({"next_index": 30})
+"""),
+    "tuple_seed": ("TypeError", """
+def attempt():
+  grain.samplers.IndexSampler(num_records=4, shard_options=grain.sharding.NoSharding(), shuffle=True,
+                              num_epochs=2, seed=(3, 4))
+"""),
+    "options_set_around_an_interleave_reach_its_inputs": ("ValueError", """
+def attempt():
+  ds1 = grain.MapDataset.source([1]).repeat(1000).to_iter_dataset().filter(lambda x: False)
+  ds2 = grain.MapDataset.source([2]).repeat(1000).to_iter_dataset()
+  list(grain.experimental.WithOptionsIterDataset(
+      grain.experimental.InterleaveIterDataset([ds1, ds2], cycle_length=1),
+      grain.experimental.DatasetOptions(filter_raise_threshold_ratio=0.1)))
+"""),
+}
 
 
-def test_next_after_close_raises_as_on_grain():
-  g, l = porting.run_both(CLOSED)
-  assert l.outcome == g.outcome == "ValueError"
+@pytest.mark.parametrize("case", sorted(RAISES))
+def test_raises_as_on_grain(case):
+  expected, body = RAISES[case]
+  snippet = f"import grain\n{body}\ntry:\n  attempt()\n  outcome = 'returned'\nexcept {expected}:\n  outcome = {expected!r}\n"
+  g, l = porting.run_both(snippet)
+  assert l.outcome == g.outcome == expected
 
 
 # A map under mp_prefetch runs in the workers only (it may crash or hang a
@@ -379,26 +400,6 @@ def test_waiting_maps_use_the_read_threads_and_keep_the_stream():
   many = list(base.to_iter_dataset(loader.ReadOptions(num_threads=8)))
   assert many == one == [x * x for x in loader.MapDataset.range(300).shuffle(seed=1)]
   assert len({name for name in seen if name.startswith("loader-map")}) > 1
-
-
-# Grain's interleave_test.test_options_propagated.
-OPTIONS_THROUGH_INTERLEAVE = """
-import grain
-ds1 = grain.MapDataset.source([1]).repeat(1000).to_iter_dataset().filter(lambda x: False)
-ds2 = grain.MapDataset.source([2]).repeat(1000).to_iter_dataset()
-ds = grain.experimental.WithOptionsIterDataset(
-    grain.experimental.InterleaveIterDataset([ds1, ds2], cycle_length=1),
-    grain.experimental.DatasetOptions(filter_raise_threshold_ratio=0.1))
-try:
-  outcome = len(list(ds))
-except ValueError:
-  outcome = "ValueError"
-"""
-
-
-def test_options_set_around_an_interleave_reach_its_inputs():
-  g, l = porting.run_both(OPTIONS_THROUGH_INTERLEAVE)
-  assert l.outcome == g.outcome == "ValueError"
 
 
 # A custom iterator whose own state uses a key loader adds to states.
@@ -479,29 +480,6 @@ for as_dict in (False, True):
 def test_custom_states_round_trip_under_loader_stages():
   g, l = porting.run_both(NESTED_CUSTOM_STATES)
   assert l.out == g.out
-
-
-# Grain's prefetch_test.test_invalid_checkpoint and samplers_test.test_invalid_non_integer_seed.
-ERROR_TYPES = """
-import grain
-it = iter(grain.MapDataset.range(20).to_iter_dataset())
-try:
-  it.set_state({"next_index": 30})
-  past_end = "restored"
-except IndexError:
-  past_end = "IndexError"
-try:
-  grain.samplers.IndexSampler(num_records=4, shard_options=grain.sharding.NoSharding(), shuffle=True,
-                              num_epochs=2, seed=(3, 4))
-  tuple_seed = "accepted"
-except TypeError:
-  tuple_seed = "TypeError"
-"""
-
-
-def test_error_types_of_grains_own_tests():
-  g, l = porting.run_both(ERROR_TYPES)
-  assert (l.past_end, l.tuple_seed) == (g.past_end, g.tuple_seed) == ("IndexError", "TypeError")
 
 
 # grain.experimental.get_next_index / set_next_index on MapDataset-part iterators.
