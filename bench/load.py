@@ -53,7 +53,6 @@ run. --repeat N runs the whole plan N times and keeps each row's best rate.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import datetime
 import json
 import os
@@ -109,11 +108,12 @@ TARGETS = {
 }
 _RESULT_TAG = "LOAD-BENCH-RESULT "
 # The two ratio targets against our own yardsticks (ours vs the raw limit; 2
-# workers vs 2 x one core) are judged on this many alternating pairs of fresh
-# runs of the two rows, by the median pair: a shared VM's speed drifts over a
-# run, and best-of-passes can pair a fast moment of one row with a slow moment
-# of the other.
-PAIRS = 3
+# workers vs 2 x one core) are judged on time-sliced runs (bench/timeslice.py):
+# both rows live at once and take turns in short windows, so a shared VM's
+# drift (2x between runs here, +-30% within one) hits both sides alike.
+# Best-of-passes pairs a fast moment of one row with a slow moment of the other.
+SLICE_ROUNDS = 20
+SLICE_WINDOW_S = 0.5
 
 
 # --------------------------------------------------------------------------
@@ -519,6 +519,28 @@ def _run_row(spec: dict) -> dict:
   return res
 
 
+def _run_slice_member(spec: dict, counter_path: str) -> dict:
+  """A member of a time-sliced comparison (bench/timeslice.py): pulls batches until told to stop."""
+  from bench import timeslice  # pylint: disable=g-import-not-at-top
+  family, files = spec["family"], spec["files"]
+  _IMPORTS[family]()
+  it = iter(_BUILDERS[family](spec, files))
+  counter = timeslice.MemberCounter(counter_path)
+  count = _count_fn(spec)
+  try:
+    for _ in range(BATCHES_TO_TIME):
+      next(it)
+    warm_end = time.perf_counter() + spec["warmup"]
+    while time.perf_counter() < warm_end:
+      next(it)
+    counter.set_ready()
+    while not counter.stop_requested:
+      counter.add(count(next(it)))
+  finally:
+    _close(it)
+  return {"status": "ok"}
+
+
 def _run_sweep(spec: dict) -> dict:
   """Grain-batched variants, in process, one after the other: which (B, T) is fastest here."""
   out = []
@@ -707,23 +729,25 @@ def _ratio_target_rows(rows: list[dict]) -> dict[str, tuple[dict | None, dict | 
 
 
 def _paired_detail(pair: dict | None) -> str:
-  if not pair or not pair.get("ratios"):
-    return ""
-  text = (f"; median of {len(pair['ratios'])} alternating pairs of runs: "
-          + ", ".join(f"{r:.2f}" for r in pair["ratios"]))
-  ceilings = pair.get("ceilings")
-  if ceilings:
+  if not pair or pair.get("value") is None:
+    return f"; time-sliced run failed: {pair['error']}" if pair and pair.get("error") else ""
+  q1, med, q3 = np.percentile(pair["round_ratios"], [25, 50, 75]) if pair["round_ratios"] else (0, 0, 0)
+  text = (f"; time-sliced ({pair['rounds']} rounds of {pair['window_s']:g} s per row, taking turns): "
+          f"{pair['a']} {pair['rates'][0]:,.0f} vs {pair['b']} {pair['rates'][1]:,.0f} records/s, "
+          f"ratio {pair['value']:.2f} (per round: median {med:.2f}, quartiles {q1:.2f}-{q3:.2f})")
+  ceiling = pair.get("ceiling")
+  if ceiling:
     n = int(pair["scale"])
-    text += (f"; this machine's own ceiling, {n} copies of the single-core row at once (same pairs): "
-             + ", ".join(f"{c['machine']:.2f}" for c in ceilings)
-             + f", and {n} workers vs those copies: " + ", ".join(f"{c['ours_vs_machine']:.2f}" for c in ceilings))
+    text += (f"; this machine's own ceiling, {n} copies of the single-core row taking the same turns: "
+             f"{ceiling['machine']:.2f} of {n} x one copy alone, and {n} workers reach "
+             f"{ceiling['ours_vs_machine']:.2f} of those copies")
   return text
 
 
 def _paired_value(pair: dict | None, fallback: float | None) -> float | None:
-  """The target's value: the median paired ratio when pairs ran, else the best-of-passes ratio."""
-  if pair and pair.get("ratios"):
-    return round(float(np.median(pair["ratios"])), 3)
+  """The target's value: the time-sliced ratio when it ran, else the best-of-passes ratio."""
+  if pair and pair.get("value") is not None:
+    return pair["value"]
   return fallback
 
 
@@ -731,7 +755,7 @@ def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None,
             paired: dict | None = None) -> list[dict]:
   """Fills each row's ratios and returns the target lines (met / MISSED / n/a).
 
-  `paired` holds the alternating-pair ratios (see PAIRS) of the raw-limit
+  `paired` holds the time-sliced ratios (see SLICE_ROUNDS) of the raw-limit
   ("nomap_raw") and scaling ("map_scaling") targets; they decide those targets.
   """
   paired = paired or {}
@@ -1002,12 +1026,14 @@ NOTES = [
     "batched) at the same worker count; the other ReadOptions rows are shown, not used for ratios.",
     "heavy-map scaling efficiency = rate with W workers / (W x the in-process ReadOptions(num_threads=0) "
     "rate, i.e. one core doing read + map + batch).",
-    f"The raw-limit and scaling targets are judged on {PAIRS} alternating pairs of fresh runs of their two "
-    "rows (ours then the yardstick, repeated), by the median pair ratio; the tables show each row's best "
+    f"The raw-limit and scaling targets are judged time-sliced (bench/timeslice.py): both rows run as "
+    f"live, warmed-up processes that take turns, {SLICE_ROUNDS} rounds of {SLICE_WINDOW_S:g} s windows each "
+    "(SIGCONT / SIGSTOP to each process group, order rotated every round), and each rate is its units over "
+    "its windows' seconds, so a drifting shared VM slows both sides alike; the tables show each row's best "
     "of the passes, whose ratio can pair a fast moment of one row with a slow moment of the other.",
-    "Each scaling pair also runs W copies of the single-core row at once, in W processes: what this "
-    "machine gives W independent programs (shared caches, memory bandwidth, SMT siblings). The target "
-    "still divides by W x one copy alone; the detail shows both.",
+    "The scaling comparison also runs W copies of the single-core row together, as a third member taking "
+    "the same turns: what this machine gives W independent programs (shared caches, memory bandwidth, SMT "
+    "siblings). The target still divides by W x one copy alone; the detail shows both.",
     "CPU util = CPU seconds of the whole process tree in the measured window / wall seconds / cores.",
     "Peak RSS: peak of the summed RSS of the row's process tree (shared pages count once per process).",
     "tf.data reads TFRecord (its native format) with a 10,000-record shuffle buffer: a local shuffle, "
@@ -1023,45 +1049,55 @@ def _row_spec(spec: dict, args, files: dict) -> dict:
   return {**spec, "kind": "row", "seconds": args.seconds, "warmup": args.warmup, "files": files}
 
 
-def _run_pairs(rows: list[dict], specs: list[dict], args, files: dict, pairs: int) -> dict:
-  """Alternating fresh runs of the rows behind the raw-limit and scaling targets."""
+def _run_sliced(rows: list[dict], specs: list[dict], args, files: dict, rounds: int, window: float) -> dict:
+  """Time-sliced runs (bench/timeslice.py) of the rows behind the raw-limit and scaling targets.
+
+  Ours and the yardstick (and, for scaling, `scale` copies of the yardstick
+  run together: what this machine gives that many independent programs) are
+  live processes that take turns in `window`-second slices, so both sides of
+  each ratio sample the same stretch of a drifting machine.
+  """
+  from bench import timeslice  # pylint: disable=g-import-not-at-top
+
   def spec_of(row):
     return next(s for s in specs if s["name"] == row["name"] and s["workload"] == row["workload"])
 
+  def cmd(spec):
+    return [sys.executable, os.path.abspath(__file__), "--child", json.dumps(_row_spec(spec, args, files))]
+
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": common.REPO_ROOT}
   out = {}
   for key, (ours, yardstick, scale) in _ratio_target_rows(rows).items():
     if not (_ok(ours) and _ok(yardstick)):
       continue
     a, b = spec_of(ours), spec_of(yardstick)
     copies = int(scale) if scale > 1 else 0
-    ratios, runs, ceilings = [], [], []
-    for k in range(pairs):
-      res = [_measure(_row_spec(x, args, files), args.timeout) for x in (a, b)]
-      runs.append([r.get("rate") for r in res])
-      if all(r["status"] == "ok" for r in res):
-        ratios.append(round(res[0]["rate"] / (scale * res[1]["rate"]), 3))
-      line = (f"[pair {k + 1}/{pairs}] {key}: {a['name']} {runs[-1][0]} vs {b['name']} {runs[-1][1]}"
-              + (f" -> {ratios[-1]:.3f}" if len(ratios) == k + 1 else ""))
-      if copies and len(ratios) == k + 1:
-        # What this machine gives `copies` independent processes: the
-        # yardstick assumes perfect scaling, which shared caches, memory
-        # bandwidth and SMT siblings deny any program.
-        at_once = _measure_at_once(_row_spec(b, args, files), copies, args.timeout)
-        if all(r["status"] == "ok" for r in at_once):
-          together = sum(r["rate"] for r in at_once)
-          ceilings.append({"machine": round(together / (scale * res[1]["rate"]), 3),
-                           "ours_vs_machine": round(res[0]["rate"] / together, 3)})
-          line += f"; {copies} copies at once {together:,.0f} -> {ceilings[-1]['machine']:.3f}"
-      print(line, flush=True)
-    out[key] = {"a": a["name"], "b": b["name"], "scale": scale, "rates": runs, "ratios": ratios,
-                "ceilings": ceilings}
+    members = [timeslice.Member(a["name"], [cmd(a)], env), timeslice.Member(b["name"], [cmd(b)], env)]
+    if copies:
+      members.append(timeslice.Member(f"{copies} x {b['name']}", [cmd(b)] * copies, env))
+    try:
+      timeslice.interleave(members, rounds=rounds, window=window, start_timeout=args.timeout)
+    except RuntimeError as e:
+      print(f"[time-sliced] {key}: failed: {e}", flush=True)
+      out[key] = {"a": a["name"], "b": b["name"], "error": str(e)[:500]}
+      continue
+    ma, mb = members[0], members[1]
+    per_round = [(ua / sa) / (scale * ub / sb)
+                 for ua, sa, ub, sb in zip(ma.units, ma.seconds, mb.units, mb.seconds) if ub and sb and sa]
+    res = {"a": a["name"], "b": b["name"], "scale": scale, "rounds": rounds, "window_s": window,
+           "rates": [round(ma.rate(), 1), round(mb.rate(), 1)],
+           "value": round(ma.rate() / (scale * mb.rate()), 3) if mb.rate() else None,
+           "round_ratios": [round(r, 3) for r in per_round]}
+    line = (f"[time-sliced] {key}: {a['name']} {ma.rate():,.0f} vs {b['name']} {mb.rate():,.0f} "
+            f"-> {res['value']}")
+    if copies:
+      together = members[2].rate()
+      res["ceiling"] = {"rate": round(together, 1), "machine": round(together / (scale * mb.rate()), 3),
+                        "ours_vs_machine": round(ma.rate() / together, 3)}
+      line += f"; {copies} copies together {together:,.0f} -> {res['ceiling']['machine']:.3f}"
+    print(line, flush=True)
+    out[key] = res
   return out
-
-
-def _measure_at_once(spec: dict, copies: int, timeout: float) -> list[dict]:
-  """`copies` fresh runs of one row, started together (each in its own process)."""
-  with concurrent.futures.ThreadPoolExecutor(copies) as pool:
-    return list(pool.map(lambda _: _measure(spec, timeout), range(copies)))
 
 
 def _sweep(workload: str, args, files: dict, cores: int) -> dict:
@@ -1091,13 +1127,17 @@ def main(argv=None) -> int:
   p.add_argument("--timeout", type=float, default=120, help="Seconds per row before its process tree is killed.")
   p.add_argument("--json", help="Write the results as JSON here (for bench/run_all.py).")
   p.add_argument("--child", help=argparse.SUPPRESS)
+  p.add_argument("--counter", help=argparse.SUPPRESS)  # A time-sliced member's counter file.
   args = p.parse_args(argv)
 
   if args.child:
     # Run through the imported module (not __main__) so worker processes
     # unpickle parse_augment & co. as bench.load.*.
     from bench import load as this  # pylint: disable=g-import-not-at-top,import-self
-    result = this.run_child(json.loads(args.child))
+    if args.counter:
+      result = this._run_slice_member(json.loads(args.child), args.counter)  # pylint: disable=protected-access
+    else:
+      result = this.run_child(json.loads(args.child))
     print(_RESULT_TAG + json.dumps(result), flush=True)
     common.end_descendants()
     sys.stderr.flush()
@@ -1170,7 +1210,7 @@ def main(argv=None) -> int:
       if old is None or old.get("status") != "ok" or (res["status"] == "ok" and res["rate"] > old["rate"]):
         best[i] = {**s, **res}
   rows = [best[i] for i in range(len(specs))]
-  paired = _run_pairs(rows, specs, args, files, 1 if quick else PAIRS)
+  paired = _run_sliced(rows, specs, args, files, *((4, 0.25) if quick else (SLICE_ROUNDS, SLICE_WINDOW_S)))
   targets = compare(rows, cores, pack, map_cost, paired)
 
   print()

@@ -1,8 +1,9 @@
 """bench/load.py and bench/llm.py: target logic, exact configurations, the child protocol,
 and the LLM pipeline running unchanged on real Grain 0.2.18 and on the loader."""
 
+import json
 import os
-import time
+import sys
 
 from absl import flags
 from array_record.python.array_record_module import ArrayRecordWriter
@@ -11,6 +12,8 @@ import pytest
 
 from bench import llm
 from bench import load
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _row(workload, family, workers, rate, batch20=1.0, **params):
@@ -63,32 +66,65 @@ def test_heavy_map_scaling_efficiency_uses_one_core_in_process_rate():
   assert eff["value"] == 0.85 and eff["status"] == "MISSED"
 
 
-def test_paired_runs_decide_the_raw_limit_and_scaling_targets():
+def _sliced(a, b, rates, value, round_ratios, scale=1.0, ceiling=None):
+  return {"a": a, "b": b, "scale": scale, "rounds": len(round_ratios), "window_s": 0.5, "rates": rates,
+          "value": value, "round_ratios": round_ratios, **({"ceiling": ceiling} if ceiling else {})}
+
+
+def test_time_sliced_runs_decide_the_raw_limit_and_scaling_targets():
   rows = _nomap_rows(300.0) + [_row("map", "loader", 0, 100.0, read_options={"num_threads": 0}),
                                _row("map", "loader", 2, 190.0, read_options=None)]
-  # Best of passes says met (300/310, 190/200); the alternating pairs say otherwise.
-  paired = {"nomap_raw": {"ratios": [0.90, 0.97, 0.88]}, "map_scaling": {"ratios": [0.86, 0.93, 0.89]}}
+  # Best of passes says met (300/310, 190/200); the time-sliced runs say otherwise.
+  paired = {"nomap_raw": _sliced("loader ReadOptions()", "raw", [270.0, 300.0], 0.90, [0.88, 0.90, 0.97]),
+            "map_scaling": _sliced("loader mp x2", "loader ReadOptions(num_threads=0)", [178.0, 100.0], 0.89,
+                                   [0.86, 0.93, 0.89], scale=2.0)}
   targets = load.compare(rows, cores=2, pack={}, map_cost=None, paired=paired)
   raw = next(t for t in targets if "raw batched read limit" in t["target"])
   eff = next(t for t in targets if "scaling efficiency" in t["target"])
   assert (raw["value"], raw["status"]) == (0.90, "MISSED")
-  assert "best of passes" in raw["detail"] and "median of 3 alternating pairs of runs: 0.90, 0.97, 0.88" in raw["detail"]
+  assert "best of passes" in raw["detail"] and "time-sliced (3 rounds of 0.5 s per row" in raw["detail"]
+  assert "ratio 0.90 (per round: median 0.90, quartiles 0.89-0.94)" in raw["detail"]
   assert (eff["value"], eff["status"]) == (0.89, "MISSED")
 
 
 def test_scaling_target_shows_the_machines_own_ceiling_without_changing_its_value():
   rows = [_row("map", "loader", 0, 100.0, read_options={"num_threads": 0}),
           _row("map", "loader", 2, 190.0, read_options=None)]
-  paired = {"map_scaling": {"scale": 2.0, "ratios": [0.89, 0.91, 0.88],
-                            "ceilings": [{"machine": 0.95, "ours_vs_machine": 0.94},
-                                         {"machine": 0.97, "ours_vs_machine": 0.94},
-                                         {"machine": 0.93, "ours_vs_machine": 0.95}]}}
+  paired = {"map_scaling": _sliced("loader mp x2", "loader ReadOptions(num_threads=0)", [178.0, 100.0], 0.89,
+                                   [0.89, 0.91, 0.88], scale=2.0,
+                                   ceiling={"rate": 190.0, "machine": 0.95, "ours_vs_machine": 0.94})}
   eff = next(t for t in load.compare(rows, cores=2, pack={}, map_cost=None, paired=paired)
              if "scaling efficiency" in t["target"])
   assert (eff["value"], eff["status"]) == (0.89, "MISSED")
-  assert "2 copies of the single-core row at once (same pairs): 0.95, 0.97, 0.93" in eff["detail"]
-  assert "2 workers vs those copies: 0.94, 0.94, 0.95" in eff["detail"]
+  assert "2 copies of the single-core row taking the same turns: 0.95 of 2 x one copy alone" in eff["detail"]
+  assert "2 workers reach 0.94 of those copies" in eff["detail"]
   assert rows[-1]["scaling_efficiency"] == 0.95  # The table keeps the best-of-passes figure.
+
+
+def test_time_slicing_gives_each_member_its_own_windows(tmp_path):
+  """Two live processes taking turns: each counts only while it runs, and both get every round."""
+  from bench import timeslice
+  script = tmp_path / "member.py"
+  script.write_text(
+      "import sys, time\n"
+      f"sys.path.insert(0, {str(REPO)!r})\n"
+      "from bench import timeslice\n"
+      "c = timeslice.MemberCounter(sys.argv[sys.argv.index('--counter') + 1])\n"
+      "c.set_ready()\n"
+      "per_tick = int(sys.argv[1])\n"
+      "while not c.stop_requested:\n"
+      "  time.sleep(0.001)\n"
+      "  c.add(per_tick)\n")
+  fast = timeslice.Member("fast", [[sys.executable, str(script), "3"]])
+  slow = timeslice.Member("slow", [[sys.executable, str(script), "1"]])
+  timeslice.interleave([fast, slow], rounds=4, window=0.2, start_timeout=60)
+  assert len(fast.units) == len(slow.units) == 4
+  assert all(u > 0 for u in fast.units + slow.units)
+  # Same sleep-bound pace, 3 vs 1 units per tick: a stopped member did not count.
+  assert 2.0 < fast.rate() / slow.rate() < 4.5
+  for m in (fast, slow):  # Between its windows a member was stopped: next to nothing counted there.
+    assert m.total - sum(m.units) < 0.2 * sum(m.units)
+  assert all(p.returncode == 0 for p in fast.procs + slow.procs)  # Stopped on request, not killed.
 
 
 def test_llm_targets_report_unavailable_rows_as_not_applicable():
@@ -155,8 +191,11 @@ def test_child_process_measures_a_row_with_rss_and_cpu(tmp_path):
   assert res["status"] == "ok", res
   assert res["rate"] > 0 and res["peak_rss_mb"] > 0 and res["cpu_util"] >= 0
   assert res["processes"] >= 1 and os.path.exists(files[0])
-  # The machine's ceiling: copies of one row run side by side, each in its own process.
-  t = time.perf_counter()
-  both = load._measure_at_once(spec, 2, timeout=60)  # pylint: disable=protected-access
-  assert [r["status"] for r in both] == ["ok", "ok"] and all(r["rate"] > 0 for r in both)
-  assert time.perf_counter() - t < 2 * (res["process_s"] + 5)  # Side by side, not one after the other.
+  # The same row as live members of a time-sliced run: one copy, and two copies taking turns with it.
+  from bench import timeslice  # pylint: disable=g-import-not-at-top
+  cmd = [sys.executable, os.path.join(REPO, "bench", "load.py"), "--child", json.dumps(spec)]
+  env = {**os.environ, "PYTHONPATH": REPO}
+  one, two = timeslice.Member("one", [cmd], env), timeslice.Member("two", [cmd, cmd], env)
+  timeslice.interleave([one, two], rounds=3, window=0.2, start_timeout=60)
+  assert one.rate() > 0 and two.rate() > 0 and len(two.units) == 3
+  assert all(p.returncode == 0 for p in one.procs + two.procs)
