@@ -47,6 +47,7 @@ from loader import data_loader_pipeline as pipeline_lib
 from loader import options as options_lib
 from loader import samplers as samplers_lib
 from loader import sharding
+from loader import state as state_lib
 from loader import transforms
 
 _STATE_FORMAT = "arrayrecord-toolkit/DataLoader"
@@ -339,7 +340,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
       raise ValueError(f"DataLoader state version {version!r} is not supported "
                        f"(this loader reads versions {_V1_STATE_VERSION} and {_STATE_VERSION}).")
     for key, mine in self._data_loader._fingerprint().items():  # pylint: disable=protected-access
-      if state.get(key) != mine:
+      if state.get(key) != mine and not state_lib.same_but_for_source_identity(state.get(key), mine):
         raise ValueError(f"DataLoader state is for another pipeline: {key} {state.get(key)!r} != this "
                          f"DataLoader's {mine!r}.")
     if version == _STATE_VERSION and "last_seen_indices" in state:

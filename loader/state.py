@@ -36,6 +36,9 @@ _STAMP_KEYS = (VERSION_KEY, PIPELINE_KEY)
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _MAX_OP_CHARS = 160
+# ArrayRecordSource's repr gained the hash of its file names and counts; a
+# state saved before it names the source without one and still resumes.
+_SOURCE_IDENTITY = re.compile(r", files_hash=[0-9a-f]{8}")
 
 
 class StateMismatchError(ValueError):
@@ -130,17 +133,29 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
   if not isinstance(saved, list) or not all(isinstance(s, str) for s in saved):
     raise StateMismatchError(f"{owner}.set_state: the state's {PIPELINE_KEY!r} entry is damaged: {saved!r:.200}")
   mine = list(description)
-  if saved == mine:
+  if saved == mine or same_but_for_source_identity(saved, mine):
     return
   for i, (a, b) in enumerate(zip(saved, mine)):
     if a != b:
+      hint = (" (the same number of files and records, but other file names or the files in another order)"
+              if _SOURCE_IDENTITY.sub("", a) == _SOURCE_IDENTITY.sub("", b) else "")
       raise StateMismatchError(
           f"{owner}.set_state: this state was saved from a different pipeline: operation {i} is "
-          f"{a!r} in the saved pipeline but {b!r} in this one (saved: {' -> '.join(saved)}).")
+          f"{a!r} in the saved pipeline but {b!r} in this one{hint} (saved: {' -> '.join(saved)}).")
   longer, which = (saved, "saved pipeline") if len(saved) > len(mine) else (mine, "this pipeline")
   raise StateMismatchError(
       f"{owner}.set_state: this state was saved from a different pipeline: the {which} has the extra "
       f"operation(s) {longer[min(len(saved), len(mine)):]} (saved: {' -> '.join(saved)}).")
+
+
+def same_but_for_source_identity(saved: Any, mine: Any) -> bool:
+  """Whether a `saved` description from before sources had an identity equals `mine` without them."""
+  texts = saved if isinstance(saved, list) else [saved]
+  if not all(isinstance(t, str) for t in texts) or any(_SOURCE_IDENTITY.search(t) for t in texts):
+    return False
+  strip_ids = lambda x: _SOURCE_IDENTITY.sub("", x) if isinstance(x, str) else x
+  mine_without = [strip_ids(m) for m in mine] if isinstance(mine, list) else strip_ids(mine)
+  return mine_without == saved
 
 
 def check_keys(state: Any, keys: Sequence[str], owner: str) -> None:
