@@ -42,7 +42,18 @@ T = TypeVar("T")
 S = TypeVar("S")
 
 
-class IterDataset(abc.ABC, Generic[T]):
+class _IterDatasetMeta(abc.ABCMeta):
+  """`IterDataset.mix` lives on the class only, as in Grain (see map_dataset._MapDatasetMeta)."""
+
+  def mix(cls, datasets: Any, weights: Any = None) -> IterDataset:
+    """Mixes streams by weight, like Grain's `IterDataset.mix` (see loader.transformations.mix)."""
+    # Lazy: transformations import this module.
+    from loader.transformations import mix  # pylint: disable=g-import-not-at-top
+
+    return mix.mix_iter_datasets(datasets, weights)
+
+
+class IterDataset(Generic[T], metaclass=_IterDatasetMeta):
   """A stream of elements, like Grain's `IterDataset`.
 
   Usually made with `MapDataset.to_iter_dataset()`; see the module docstring
@@ -95,10 +106,6 @@ class IterDataset(abc.ABC, Generic[T]):
   def __repr__(self) -> str:
     prefix = repr(self._parent) if self._parents else "IterDataset"
     return prefix + self._op_repr()
-
-  def to_iter_dataset(self) -> IterDataset[T]:
-    """Returns self (for code that accepts either dataset kind)."""
-    return self
 
   def pipe(self, func: Callable[..., S], /, *args, **kwargs) -> S:
     """`func(self, *args, **kwargs)`, for chaining functions like methods."""
@@ -209,13 +216,6 @@ class IterDataset(abc.ABC, Generic[T]):
     del sequential_slice
     return mp_prefetch.MultiprocessPrefetchIterDataset(self, options, worker_init_fn)
 
-  @staticmethod
-  def mix(datasets: Any, weights: Any = None) -> IterDataset:
-    """Mixes streams by weight, like Grain's `IterDataset.mix` (see loader.transformations.mix)."""
-    # Lazy: transformations import this module.
-    from loader.transformations import mix  # pylint: disable=g-import-not-at-top
-
-    return mix.mix_iter_datasets(datasets, weights)
 
 
 class MapBackedIterDataset(IterDataset[T]):

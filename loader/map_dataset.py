@@ -37,7 +37,51 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 S = TypeVar("S")
 
-class MapDataset(abc.ABC, Generic[T]):
+class _MapDatasetMeta(abc.ABCMeta):
+  """Grain's constructors: on the class (`MapDataset.source(...)`), not on instances.
+
+  As in Grain, whose MapDatasetMeta holds them: client code tells a dataset
+  from a data source with `hasattr(x, "source")` and the like.
+  """
+
+  def source(cls, source: Any) -> MapDataset:
+    """A dataset over a random-access source (`__len__` + `__getitem__`).
+
+    Accepts `ArrayRecordSource`, Grain data sources, `tfds.data_source(...)`,
+    Python sequences, or any object with that protocol. Batched reads use the
+    source's `read`/`__getitems__` when it has one.
+    """
+    if isinstance(source, MapDataset):
+      return source
+    return SourceMapDataset(source)
+
+  def range(cls, start: int, stop: int | None = None, step: int = 1) -> MapDataset[int]:
+    """A dataset of integers, like Python's `range`."""
+    return SourceMapDataset(range(start, stop, step) if stop is not None else range(start))
+
+  def mix(cls, datasets: Any, weights: Any = None) -> MapDataset:
+    """Interleaves datasets by weight, exactly as Grain (see loader.transformations.mix)."""
+    # Lazy: transformations import map_dataset.
+    from loader.transformations import mix  # pylint: disable=g-import-not-at-top
+
+    return mix.mix_map_datasets(datasets, weights)
+
+  def concatenate(cls, datasets: Sequence[MapDataset]) -> MapDataset:
+    """The datasets one after another, epoch by epoch (see loader.transformations.concatenate)."""
+    # Lazy: transformations import map_dataset.
+    from loader.transformations import concatenate  # pylint: disable=g-import-not-at-top
+
+    return concatenate.concatenate(datasets)
+
+  def select_from_datasets(cls, datasets: Sequence[MapDataset], selection_map: Any) -> MapDataset:
+    """Element i is datasets[d][k] for (d, k) = selection_map[i] (see loader.transformations.select)."""
+    # Lazy: transformations import map_dataset.
+    from loader.transformations import select  # pylint: disable=g-import-not-at-top
+
+    return select.select_from_datasets(datasets, selection_map)
+
+
+class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
   """A dataset with a length and random access, like Grain's `MapDataset`.
 
   Build one from a data source and chain transformations::
@@ -60,49 +104,6 @@ class MapDataset(abc.ABC, Generic[T]):
     if isinstance(parents, MapDataset):
       parents = (parents,)
     self._parents = tuple(parents)
-
-  # ---- Construction -------------------------------------------------------
-
-  @classmethod
-  def source(cls, source: Any) -> MapDataset:
-    """A dataset over a random-access source (`__len__` + `__getitem__`).
-
-    Accepts `ArrayRecordSource`, Grain data sources, `tfds.data_source(...)`,
-    Python sequences, or any object with that protocol. Batched reads use the
-    source's `read`/`__getitems__` when it has one.
-    """
-    if isinstance(source, MapDataset):
-      return source
-    return SourceMapDataset(source)
-
-  @classmethod
-  def range(cls, start: int, stop: int | None = None, step: int = 1) -> MapDataset[int]:
-    """A dataset of integers, like Python's `range`."""
-    return SourceMapDataset(range(start, stop, step) if stop is not None else range(start))
-
-  @staticmethod
-  def mix(datasets: Any, weights: Any = None) -> MapDataset:
-    """Interleaves datasets by weight, exactly as Grain (see loader.transformations.mix)."""
-    # Lazy: transformations import map_dataset.
-    from loader.transformations import mix  # pylint: disable=g-import-not-at-top
-
-    return mix.mix_map_datasets(datasets, weights)
-
-  @staticmethod
-  def concatenate(datasets: Sequence[MapDataset]) -> MapDataset:
-    """The datasets one after another, epoch by epoch (see loader.transformations.concatenate)."""
-    # Lazy: transformations import map_dataset.
-    from loader.transformations import concatenate  # pylint: disable=g-import-not-at-top
-
-    return concatenate.concatenate(datasets)
-
-  @staticmethod
-  def select_from_datasets(datasets: Sequence[MapDataset], selection_map: Any) -> MapDataset:
-    """Element i is datasets[d][k] for (d, k) = selection_map[i] (see loader.transformations.select)."""
-    # Lazy: transformations import map_dataset.
-    from loader.transformations import select  # pylint: disable=g-import-not-at-top
-
-    return select.select_from_datasets(datasets, selection_map)
 
   # ---- Structure ----------------------------------------------------------
 
@@ -226,38 +227,6 @@ class MapDataset(abc.ABC, Generic[T]):
   def slice(self, sl: slice) -> MapDataset[T]:
     """The elements at positions `sl`, like list slicing (also `ds[a:b:c]`)."""
     return SliceMapDataset(self, sl)
-
-  def shard(self, shard_index: int, shard_count: int, *, drop_remainder: bool = False) -> MapDataset[T]:
-    """A contiguous 1/shard_count of the data, for host sharding.
-
-    Shards partition the dataset: shard i gets positions
-    [i*n//count, (i+1)*n//count), so sizes differ by at most one. With
-    `drop_remainder=True` every shard gets exactly n//count elements (lockstep
-    multi-host training needs equal step counts) and the last n%count are dropped.
-    Shard before `shuffle` so each host reads its own part of the files.
-    """
-    shard_count = checks.check_int(shard_count, "shard_count", minimum=1)
-    shard_index = checks.check_int(shard_index, "shard_index", minimum=0, maximum=shard_count - 1)
-    n = len(self)
-    if n >= sys.maxsize:
-      raise ValueError("Cannot shard an infinite dataset; shard before repeat().")
-    if drop_remainder:
-      per = n // shard_count
-      start, stop = shard_index * per, (shard_index + 1) * per
-    else:
-      start, stop = shard_index * n // shard_count, (shard_index + 1) * n // shard_count
-    return SliceMapDataset(self, slice(start, stop), op_repr=f".shard({shard_index}, {shard_count}, drop_remainder={drop_remainder})")
-
-  def shard_by_jax_process(self, *, drop_remainder: bool = True) -> MapDataset[T]:
-    """`shard(jax.process_index(), jax.process_count())`; imports JAX lazily.
-
-    `drop_remainder` defaults to True here: hosts with unequal shard sizes run
-    a different number of steps and deadlock in collectives.
-    """
-    # Lazy: `import loader` must not import JAX (workers and tools never need it).
-    import jax  # pylint: disable=g-import-not-at-top
-
-    return self.shard(jax.process_index(), jax.process_count(), drop_remainder=drop_remainder)
 
   def map(self, transform: Callable[[T], S]) -> MapDataset[S]:
     """Applies `transform` to every element (filtered-out Nones stay None)."""

@@ -55,7 +55,6 @@ def test_random_access_prefix_is_rewritten_into_map_dataset_ops():
   assert isinstance(after_filter, sequential.BatchIterDataset)
   assert isinstance(after_filter._parent, iter_lib.MapBackedIterDataset)
   assert [b.tolist() for b in after_filter] == [[1, 3], [5, 7], [9]]
-  assert ds.to_iter_dataset() is ds
 
 
 @pytest.mark.parametrize("name", ["records", "map_batch", "iter_map_batch_map", "filter_then_batch",

@@ -10,6 +10,7 @@ import pytest
 
 import loader
 from loader import map_dataset as map_lib
+from loader import sharding
 from loader_testing import assert_streams_equal
 from loader_testing import record_index
 from loader_testing import write_array_records
@@ -66,26 +67,37 @@ def test_slicing_matches_python(sl):
   assert len(_ints(12)[sl]) == len(ref)
 
 
+def _shard(ds, index, count, drop_remainder=False):
+  # Grain's way to shard a MapDataset: slice it at even_split's bounds.
+  start, stop = sharding.even_split(len(ds), sharding.ShardOptions(index, count, drop_remainder))
+  return ds[start:stop]
+
+
 @pytest.mark.parametrize("n,count", [(10, 3), (7, 7), (5, 8), (100, 1)])
 def test_shards_partition_the_data(n, count):
-  shards = [list(_ints(n).shard(i, count)) for i in range(count)]
+  shards = [list(_shard(_ints(n), i, count)) for i in range(count)]
   assert sum(shards, []) == list(range(n))
   assert max(map(len, shards)) - min(map(len, shards)) <= 1
-  dropped = [list(_ints(n).shard(i, count, drop_remainder=True)) for i in range(count)]
+  dropped = [list(_shard(_ints(n), i, count, drop_remainder=True)) for i in range(count)]
   assert all(len(s) == n // count for s in dropped)
   assert len(set(sum(dropped, []))) == (n // count) * count
 
 
 def test_shard_then_shuffle_keeps_the_partition():
-  shards = [set(_ints(20).shard(i, 3).shuffle(seed=5)) for i in range(3)]
+  shards = [set(_shard(_ints(20), i, 3).shuffle(seed=5)) for i in range(3)]
   assert set().union(*shards) == set(range(20)) and sum(map(len, shards)) == 20
 
 
-def test_shard_validation():
-  with pytest.raises(ValueError, match=r"shard_index must be an integer in \[0, 2\] \(got shard_index=3\)"):
-    _ints(10).shard(3, 3)
-  with pytest.raises(ValueError, match="shard_count must be a positive integer"):
-    _ints(10).shard(0, 0)
+def test_constructors_live_on_the_class_only_as_in_grain():
+  """Clients tell datasets from sources and dataset kinds apart with hasattr, as Grain's classes allow."""
+  import grain  # pylint: disable=g-import-not-at-top
+  names = ["source", "range", "mix", "select_from_datasets", "concatenate", "shard", "to_iter_dataset", "slice"]
+  for ours, theirs in [(_ints(5), grain.MapDataset.range(5)),
+                       (_ints(5).to_iter_dataset(), grain.MapDataset.range(5).to_iter_dataset())]:
+    assert {n: hasattr(ours, n) for n in names} == {n: hasattr(theirs, n) for n in names}
+  assert {n: hasattr(loader.MapDataset, n) for n in names} == {n: hasattr(grain.MapDataset, n) for n in names}
+  assert hasattr(loader.IterDataset, "mix") and not hasattr(_ints(5).to_iter_dataset(), "mix")
+  assert list(loader.MapDataset.range(3)) == [0, 1, 2]
 
 
 @pytest.mark.parametrize("seed", [-1, 2**32, 1.5, True, "1"])
@@ -269,10 +281,11 @@ def test_shard_by_jax_process_uses_process_index_and_count(monkeypatch):
 
   fake = types.SimpleNamespace(process_index=lambda: 1, process_count=lambda: 3)
   monkeypatch.setitem(sys.modules, "jax", fake)  # No real JAX needed (or imported).
-  assert list(_ints(10).shard_by_jax_process()) == [3, 4, 5]
-  assert list(_ints(10).shard_by_jax_process(drop_remainder=False)) == [3, 4, 5]
+  options = sharding.ShardByJaxProcess(drop_remainder=True)
+  assert (options.shard_index, options.shard_count) == (1, 3)
+  assert list(_ints(10)[slice(*sharding.even_split(10, options))]) == [3, 4, 5]
   fake.process_index = lambda: 2
-  assert list(_ints(10).shard_by_jax_process(drop_remainder=False)) == [6, 7, 8, 9]
+  assert list(_ints(10)[slice(*sharding.even_split(10, sharding.ShardByJaxProcess()))]) == [7, 8, 9]
 
 
 def test_iterating_never_changes_a_list_a_dataset_returned():
