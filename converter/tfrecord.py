@@ -24,6 +24,9 @@ _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
 _CHUNK = 1 << 22  # 4 MiB reads keep per-record Python work off the I/O path.
+# Compressed bytes per zlib call. Each step starts from a (cheap) copy of the
+# zlib state, so on damage only the failing step is re-fed byte by byte.
+_STEP = 1 << 16
 
 
 def masked_crc(data) -> int:
@@ -56,19 +59,66 @@ class _Truncated(Exception):
   """The compressed stream ended before its end marker."""
 
 
+class _Damaged(Exception):
+  """The compressed stream cannot be decoded past compressed byte `offset`."""
+
+  def __init__(self, kind: str, error: str, offset: int, member_start: int, member_output: int):
+    super().__init__(error)
+    self.kind, self.error, self.offset, self.member_start = kind, error, offset, member_start
+    # A later member that failed before giving any output is not gzip data at
+    # all (e.g. zero padding some tools append), not damage inside a member.
+    self.trailing = member_start > 0 and member_output == 0 and "header" in error
+
+  def reason(self, inside_record: bool) -> str:
+    """The error's reason, for damage inside a record or after the last whole one."""
+    where = f"compressed byte offset {self.offset}: {self.error}"
+    if inside_record:
+      return (f"the {self.kind} stream is damaged inside this record (detected at {where}); "
+              "the records before it are intact, this record and the data after it cannot "
+              "be recovered")
+    if self.trailing:
+      return (f"the {self.kind} stream ends after the last record, at compressed byte offset "
+              f"{self.member_start}, and the bytes after it are not {self.kind} data "
+              f"({self.error}); the records before it are intact")
+    if self.error.endswith(("incorrect data check", "incorrect length check")):
+      # zlib's "incorrect data check" / "incorrect length check": the stream
+      # decoded to its end and only its trailer disagrees.
+      return (f"the {self.kind} stream's trailer does not match its data (detected at "
+              f"{where}), after the last record; every record read passed its own checksums")
+    return (f"the {self.kind} stream is damaged after the last complete record (detected at "
+            f"{where}); the records before it are intact, data after this point cannot be "
+            "recovered")
+
+
 class _Decompressor:
-  """Decompresses a raw stream chunk by chunk; handles concatenated members."""
+  """Decompresses a raw stream chunk by chunk; handles concatenated members.
+
+  Input is fed in _STEP pieces, each from a copy of the decompressor's state,
+  so that when zlib reports damage (a bad block, a bad trailer checksum) the
+  output decoded before it is kept: zlib raises without returning it.
+  """
 
   def __init__(self, raw: BinaryIO, first: bytes, kind: str):
     self._raw = raw
     self._pending = first
     self._seen_input = bool(first)
+    self._kind = kind
     self._wbits = 31 if kind == "gzip" else 15
     self._d = zlib.decompressobj(self._wbits)
+    self._offset = 0           # Compressed offset of the next raw chunk.
+    self._member_start = 0     # Compressed offset where the current member starts.
+    self._member_output = 0    # Bytes the current member has decoded so far.
+    self._fault: _Damaged | None = None
 
   def read_chunk(self) -> bytes:
-    """Next decompressed bytes; b"" at the end. Raises zlib.error or _Truncated."""
+    """Next decompressed bytes; b"" at the end.
+
+    Raises _Truncated, or _Damaged once the output before the damage has been
+    returned.
+    """
     while True:
+      if self._fault is not None:
+        raise self._fault
       data, self._pending = (self._pending or self._raw.read(_CHUNK)), b""
       if not data:
         # An empty file holds no records (as in TensorFlow); a started stream
@@ -77,13 +127,53 @@ class _Decompressor:
           raise _Truncated()
         return self._d.flush()
       self._seen_input = True
-      out = self._d.decompress(data)
-      while self._d.eof and self._d.unused_data:
-        rest = self._d.unused_data
-        self._d = zlib.decompressobj(self._wbits)
-        out += self._d.decompress(rest)
+      view = memoryview(data)
+      out = [self._feed(view[i:i + _STEP], self._offset + i)
+             for i in range(0, len(data), _STEP) if self._fault is None]
+      self._offset += len(data)
+      out = b"".join(out)
       if out:
         return out
+
+  def _feed(self, piece: memoryview, offset: int) -> bytes:
+    """Decompresses one piece starting at compressed `offset`; on damage sets _fault."""
+    out = []
+    while piece:
+      saved = self._d.copy()
+      try:
+        got = self._d.decompress(piece)
+      except zlib.error as e:
+        got, at = _salvage(saved, piece)
+        out.append(got)
+        self._member_output += len(got)
+        self._fault = _Damaged(self._kind, str(e), offset + at, self._member_start,
+                               self._member_output)
+        break
+      out.append(got)
+      self._member_output += len(got)
+      if not (self._d.eof and self._d.unused_data):
+        break
+      # The member ended inside this piece: the rest starts the next member.
+      rest = self._d.unused_data
+      offset += len(piece) - len(rest)
+      piece = memoryview(rest)
+      self._d = zlib.decompressobj(self._wbits)
+      self._member_start, self._member_output = offset, 0
+    return b"".join(out)
+
+
+def _salvage(d, piece: memoryview) -> tuple[bytes, int]:
+  """Re-feeds a piece that failed one byte at a time: (output before the error, its index).
+
+  Rare path (damaged input only); at most _STEP one-byte calls.
+  """
+  out = []
+  for k in range(len(piece)):
+    try:
+      out.append(d.decompress(piece[k:k + 1]))
+    except zlib.error:
+      return b"".join(out), k
+  return b"".join(out), len(piece)
 
 
 @dataclasses.dataclass
@@ -103,7 +193,11 @@ class TFRecordReader:
     on_corrupt: 'fail' raises CorruptRecordError; 'skip' drops a record whose
       data checksum fails, resyncs past a damaged header when a valid record
       follows, and drops a record cut short at the end of the file. A damaged
-      header with no valid record after it still raises.
+      header with no valid record after it still raises. A damaged GZIP/ZLIB
+      stream is read up to the damage (zlib cannot resync past it); 'fail'
+      names the first record that cannot be read, 'skip' keeps the records
+      before it and counts the damaged tail as a truncated input (plus one
+      skipped record when the damage cuts a record).
   """
 
   def __init__(self, path: str, compression: str = "auto", on_corrupt: str = "fail",
@@ -153,9 +247,11 @@ class TFRecordReader:
         # the record that was cut short.
         self._stream_truncated = True
         return
-      except zlib.error as e:
-        raise self._corrupt(self._consumed, f"the {kind} stream is damaged ({e}); "
-                            "data after this point cannot be recovered") from None
+      except _Damaged as e:
+        # Everything decoded before the damage has been yielded; the record
+        # parser reports (or skips) what the damage cut off.
+        self._stream_damage = e
+        return
       if not out:
         return
       yield out
@@ -174,14 +270,15 @@ class TFRecordReader:
   def _corrupt(self, offset: int, reason: str) -> CorruptRecordError:
     return CorruptRecordError(
         self.path, self.stats.records + self.stats.skipped, offset, reason,
-        compressed=self.detected_compression not in (None, "none"))
+        compressed=self.detected_compression not in (None, "none"),
+        skipping=self.on_corrupt == "skip")
 
   def _records(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
     buf = b""
     pos = 0          # Position of the next record in buf.
     base = 0         # Stream offset of buf[0].
-    self._consumed = 0
     self._stream_truncated = False
+    self._stream_damage: _Damaged | None = None
     eof = False
     stats = self.stats
     header_unpack = _HEADER.unpack_from
@@ -195,9 +292,11 @@ class TFRecordReader:
         if avail == 0:
           if self._stream_truncated:
             self._truncated_stream(base + pos)
+          elif self._stream_damage is not None:
+            self._damaged_stream(base + pos)
           return
-        self._bad_tail(base + pos, "the file ends inside a record header "
-                       f"({avail} of 12 bytes; the file is truncated)")
+        self._bad_tail(base + pos, self._cut_reason("the file ends inside a record header "
+                       f"({avail} of 12 bytes; the file is truncated)"))
         return
       length, length_crc = header_unpack(buf, pos)
       if masked_crc(buf[pos:pos + 8]) != length_crc:
@@ -210,9 +309,9 @@ class TFRecordReader:
           buf, pos, base, eof = self._refill(chunks, buf, pos, base)
           continue
         present = min(len(buf) - pos - 12, length)
-        self._bad_tail(base + pos, f"the file ends inside the record (header says "
-                       f"{length} data bytes, {present} present, plus a 4-byte checksum; "
-                       "the file is truncated)")
+        self._bad_tail(base + pos, self._cut_reason(
+            f"the file ends inside the record (header says {length} data bytes, {present} "
+            "present, plus a 4-byte checksum; the file is truncated)"))
         return
       data = buf[pos + 12:pos + 12 + length]
       if masked_crc(data) != footer_unpack(buf, pos + 12 + length)[0]:
@@ -232,13 +331,29 @@ class TFRecordReader:
     if nxt is None:
       return buf, pos, base, True
     base += pos
-    self._consumed = base
     return buf[pos:] + nxt, 0, base, False
 
   def _bad_tail(self, offset: int, reason: str) -> None:
     if self.on_corrupt == "fail":
       raise self._corrupt(offset, reason)
     self.stats.skipped += 1
+    self.stats.truncated = True
+
+  def _cut_reason(self, truncated: str) -> str:
+    """Why the last record is incomplete: the file's end, or damage to its compressed stream."""
+    if self._stream_damage is not None:
+      return self._stream_damage.reason(inside_record=True)
+    return truncated
+
+  def _damaged_stream(self, offset: int) -> None:
+    """The compressed stream is damaged after the last complete record.
+
+    As with a stream cut short between records: no record is known to be cut,
+    but what follows the damage (if anything) cannot be read or counted, so
+    skip mode flags the input as truncated.
+    """
+    if self.on_corrupt == "fail":
+      raise self._corrupt(offset, self._stream_damage.reason(inside_record=False))
     self.stats.truncated = True
 
   def _truncated_stream(self, offset: int) -> None:
@@ -268,6 +383,12 @@ class TFRecordReader:
       if end <= len(data) and masked_crc(data[i + 12:i + 12 + length]) == _FOOTER.unpack_from(data, i + 12 + length)[0]:
         self.stats.skipped += 1
         return data, i, start
+    if self._stream_damage is not None:
+      # The compressed stream's damage explains the bad header, and nothing
+      # after it can be decoded: a damaged tail, skipped as a cut-off record is.
+      self.stats.skipped += 1
+      self.stats.truncated = True
+      return data, len(data), start
     raise CorruptRecordError(
         self.path, self.stats.records + self.stats.skipped, bad_offset,
         "length checksum mismatch (damaged record header) and no valid record "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import random
 import zlib
 
 import pytest
@@ -253,14 +254,162 @@ def test_truncated_compressed_trailer(tmp_path, tf_write, kind):
 
 
 def test_damaged_gzip_stream(tmp_path, tf_write):
+  # A flipped byte mid-stream: the records decoded before it are delivered
+  # (fail names the first one that cannot be read), whatever zlib makes of it.
   recs = [f"{i:05d}".encode() * 20 for i in range(2000)]
   path = tmp_path / "data.gz"
   tf_write(str(path), recs, "GZIP")
   flip(path, len(path.read_bytes()) // 2)
-  for mode in ("fail", "skip"):
-    with pytest.raises(CorruptRecordError) as e:
-      list(read_tfrecords(str(path), on_corrupt=mode))
-    assert str(path) in str(e.value)
+  with pytest.raises(CorruptRecordError) as e:
+    list(read_tfrecords(str(path)))
+  index = e.value.record_index
+  assert 0 < index < len(recs) and e.value.offset == offsets(recs)[index]
+  assert str(path) in str(e.value) and "--on-corrupt skip" in str(e.value)
+  reader = TFRecordReader(str(path), on_corrupt="skip")
+  got = list(reader)
+  assert got[:index] == recs[:index]
+  assert set(got) <= set(recs) and reader.stats.skipped + reader.stats.truncated > 0
+
+
+TF_WBITS = {"gzip": 31, "zlib": 15}
+
+
+def broken_block_stream(raw: bytes, cut: int, kind: str, garbage: bytes = b"") -> tuple[bytes, int]:
+  """`raw` compressed as `kind`, its deflate data broken where raw[cut:] starts.
+
+  A full flush at `cut` (after `garbage`, if any) ends a block on a byte
+  boundary; the next block's first byte is replaced by one declaring block
+  type 3, which does not exist, so zlib fails exactly there. Returns the
+  stream and that compressed offset.
+  """
+  co = zlib.compressobj(6, zlib.DEFLATED, TF_WBITS[kind])
+  head = co.compress(raw[:cut] + garbage) + co.flush(zlib.Z_FULL_FLUSH)
+  tail = co.compress(raw[cut:]) + co.flush()
+  return head + b"\x07" + tail[1:], len(head)
+
+
+def tf_raw(tmp_path, tf_write, recs: list[bytes]) -> bytes:
+  """The uncompressed TFRecord bytes TensorFlow's writer makes for recs."""
+  return open(tf_write(str(tmp_path / "raw.tfrecord"), recs), "rb").read()
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zlib"])
+@pytest.mark.parametrize("inside", [False, True], ids=["at_record_boundary", "inside_record"])
+def test_damaged_compressed_block(tmp_path, tf_write, kind, inside):
+  recs = small_records()
+  off = offsets(recs)
+  raw = tf_raw(tmp_path, tf_write, recs)
+  data, damage = broken_block_stream(raw, off[6] + (12 + 3 if inside else 0), kind)
+  path = tmp_path / "data"
+  path.write_bytes(data)
+  with pytest.raises(CorruptRecordError) as e:
+    list(read_tfrecords(str(path)))
+  err = e.value
+  assert (err.path, err.record_index, err.offset) == (str(path), 6, off[6])
+  msg = str(err)
+  assert f"record 6 at byte offset (in the decompressed stream) {off[6]}" in msg
+  assert f"{kind} stream is damaged" in msg and f"compressed byte offset {damage}:" in msg
+  assert "--on-corrupt skip" in msg  # Skip mode does keep the records before it.
+  reader = TFRecordReader(str(path), on_corrupt="skip")
+  assert list(reader) == recs[:6]
+  # As for an uncompressed file cut short: the cut record counts as skipped.
+  stats = reader.stats
+  assert (stats.records, stats.skipped, stats.truncated) == (6, int(inside), True)
+
+
+def test_damaged_block_deep_in_a_large_stream(tmp_path, tf_write):
+  # Incompressible records: the compressed file spans two 4 MiB reads and the
+  # damage lies past the first one, off any 64 KiB step boundary.
+  rng = random.Random(0)
+  recs = [rng.randbytes(2000 + i % 7) for i in range(3000)]
+  off = offsets(recs)
+  data, damage = broken_block_stream(tf_raw(tmp_path, tf_write, recs), off[2500], "gzip")
+  assert damage > tfrecord._CHUNK and damage % tfrecord._STEP
+  path = tmp_path / "data.tfrecord.gz"
+  path.write_bytes(data)
+  with pytest.raises(CorruptRecordError) as e:
+    list(read_tfrecords(str(path)))
+  assert (e.value.record_index, e.value.offset) == (2500, off[2500])
+  assert f"compressed byte offset {damage}:" in str(e.value)
+  reader = TFRecordReader(str(path), on_corrupt="skip")
+  assert list(reader) == recs[:2500] and reader.stats.truncated
+
+
+def test_damage_in_a_later_gzip_member(tmp_path, tf_write):
+  # Offsets run on across concatenated members, in both streams.
+  first, second = small_records(5), small_records(8)
+  head = gzip.compress(tf_raw(tmp_path, tf_write, first))
+  broken, damage = broken_block_stream(tf_raw(tmp_path, tf_write, second), offsets(second)[3],
+                                       "gzip")
+  path = tmp_path / "data.gz"
+  path.write_bytes(head + broken)
+  with pytest.raises(CorruptRecordError) as e:
+    list(read_tfrecords(str(path)))
+  assert (e.value.record_index, e.value.offset) == (8, offsets(first)[-1] + offsets(second)[3])
+  assert f"compressed byte offset {len(head) + damage}:" in str(e.value)
+  assert list(read_tfrecords(str(path), on_corrupt="skip")) == first + second[:3]
+
+
+# Flipped trailer byte, the field zlib checks, and the byte after which it
+# reports (both from the end): gzip CRC32 and ISIZE, zlib Adler-32.
+@pytest.mark.parametrize("kind,at,check,detected", [("GZIP", -8, "data", -5),
+                                                    ("GZIP", -1, "length", -1),
+                                                    ("ZLIB", -4, "data", -1)])
+def test_damaged_compressed_trailer(tmp_path, tf_write, kind, at, check, detected):
+  # Only the trailer (CRC32 / ISIZE / Adler-32) is broken: every record
+  # decodes and passes its own checksums; the damage lies after the last one.
+  recs = small_records()
+  path = tmp_path / "data"
+  tf_write(str(path), recs, kind)
+  size = path.stat().st_size
+  flip(path, size + at)
+  with pytest.raises(CorruptRecordError) as e:
+    list(read_tfrecords(str(path)))
+  err = e.value
+  assert (err.record_index, err.offset) == (len(recs), offsets(recs)[-1])
+  msg = str(err)
+  assert "trailer does not match" in msg and f"incorrect {check} check" in msg
+  assert "after the last record" in msg and f"compressed byte offset {size + detected}:" in msg
+  assert "--on-corrupt skip" in msg
+  reader = TFRecordReader(str(path), on_corrupt="skip")
+  assert list(reader) == recs
+  # No record was cut, but the input is not as written: flagged, as a stream
+  # cut short between records is.
+  assert (reader.stats.skipped, reader.stats.truncated) == (0, True)
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zlib"])
+def test_damaged_stream_that_decoded_garbage_first(tmp_path, tf_write, kind):
+  # The damage decodes to bytes that are no record header before zlib notices.
+  # Uncompressed, a bad header with nothing valid after fails the file even
+  # in skip mode; here the stream's damage explains it, so it is a damaged tail.
+  recs = small_records()
+  off = offsets(recs)
+  data, _ = broken_block_stream(tf_raw(tmp_path, tf_write, recs), off[6], kind,
+                                garbage=b"\xaa" * 20)
+  path = tmp_path / "data"
+  path.write_bytes(data)
+  with pytest.raises(CorruptRecordError) as e:
+    list(read_tfrecords(str(path)))
+  assert (e.value.record_index, e.value.offset) == (6, off[6]) and "header" in str(e.value)
+  reader = TFRecordReader(str(path), on_corrupt="skip")
+  assert list(reader) == recs[:6]
+  assert (reader.stats.skipped, reader.stats.truncated) == (1, True)
+
+
+def test_bytes_after_the_gzip_stream(tmp_path, tf_write):
+  recs = small_records()
+  path = tmp_path / "data.gz"
+  tf_write(str(path), recs, "GZIP")
+  size = path.stat().st_size
+  path.write_bytes(path.read_bytes() + b"\0" * 16)  # Zero padding some tools add.
+  with pytest.raises(CorruptRecordError) as e:
+    list(read_tfrecords(str(path)))
+  assert (e.value.record_index, e.value.offset) == (len(recs), offsets(recs)[-1])
+  assert f"ends after the last record, at compressed byte offset {size}" in str(e.value)
+  assert "not gzip data" in str(e.value)
+  reader = TFRecordReader(str(path), on_corrupt="skip")
+  assert list(reader) == recs and reader.stats.truncated
 
 
 def test_errors_survive_pickling():
