@@ -339,10 +339,17 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     if version not in (_STATE_VERSION, _V1_STATE_VERSION):
       raise ValueError(f"DataLoader state version {version!r} is not supported "
                        f"(this loader reads versions {_V1_STATE_VERSION} and {_STATE_VERSION}).")
-    for key, mine in self._data_loader._fingerprint().items():  # pylint: disable=protected-access
-      if state.get(key) != mine and not state_lib.same_but_for_source_identity(state.get(key), mine):
-        raise ValueError(f"DataLoader state is for another pipeline: {key} {state.get(key)!r} != this "
-                         f"DataLoader's {mine!r}.")
+    differ = [(key, mine) for key, mine in self._data_loader._fingerprint().items()  # pylint: disable=protected-access
+              if state.get(key) != mine and not state_lib.same_but_for_source_identity(state.get(key), mine)]
+    if ([key for key, _ in differ] == ["operations"] and version == _STATE_VERSION and "last_seen_indices" in state
+        and self._data_loader._positions_translate()):  # pylint: disable=protected-access
+      # As Grain: other operations (another batch size, a new map) on the
+      # same sampler and source resume after the same records.
+      self._set_position(self._data_loader._grain_consumed(state), "state saved with other operations")  # pylint: disable=protected-access
+      return
+    for key, mine in differ:
+      raise ValueError(f"DataLoader state is for another pipeline: {key} {state.get(key)!r} != this "
+                       f"DataLoader's {mine!r}.")
     if version == _STATE_VERSION and "last_seen_indices" in state:
       try:
         grain_keys = {k: state[k] for k in _GRAIN_POSITION_KEYS}
@@ -362,8 +369,8 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     loader._check_grain_sources(state)  # pylint: disable=protected-access
     self._set_position(loader._grain_consumed(state))  # pylint: disable=protected-access
 
-  def _set_position(self, k: int) -> None:
-    """Moves to just after the first `k` records of this shard."""
+  def _set_position(self, k: int, what: str = "Grain state") -> None:
+    """Moves to just after the first `k` records of this shard (read from a `what`)."""
     pipeline = self._data_loader._pipeline  # pylint: disable=protected-access
     per, prefix_len = pipeline.records_per_position, pipeline.prefix_len
     if k >= pipeline.num_positions:
@@ -371,8 +378,9 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     elif k % per == 0:
       position = k // per
     else:
-      raise ValueError(f"Cannot resume this Grain state exactly: it stopped after {k} records, inside one of "
-                       f"loader's batches of {per} records.")
+      raise ValueError(f"Cannot resume this {what} exactly: it stopped after {k} records, inside one of "
+                       f"this DataLoader's batches of {per} records; resume with operations whose batch size "
+                       f"divides {k}, or start the epoch over.")
     template, found = _replace_position(self._iterator.get_state(), position)
     if found != 1:
       raise RuntimeError(f"Cannot translate a Grain state: the engine state has {found} positions "

@@ -188,6 +188,11 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
         "MapDataset part (to_iter_dataset(), with the map/filter/batch stages folded into it, and mp_prefetch "
         "over one); use set_state() elsewhere.")
 
+  def _assert_not_closed(self) -> None:
+    """Raises ValueError after close() (Grain's helper, which custom iterators call in __next__)."""
+    if self._closed:
+      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+
   def start_prefetch(self) -> None:
     """Starts background work (threads, worker processes) before the first `next`.
 

@@ -279,7 +279,12 @@ class SequentialIterDataset(IterDataset[T]):
     """This stage on top of `parent` (which may run in workers)."""
 
   def __iter__(self) -> DatasetIterator[T]:
-    return self.make_iterator(iter(self._parent))
+    it = self._parent.__iter__()
+    if not isinstance(it, DatasetIterator):
+      # A custom parent's iterator may be any object with __next__ (and
+      # get_state/set_state), even the dataset itself: Grain accepts those.
+      it = sequential.Checkpointable(it)
+    return self.make_iterator(it)
 
 
 # Bottom import: the stages subclass SequentialIterDataset defined above, and

@@ -289,8 +289,8 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
     super().close()
 
 
-class _Checkpointable(DatasetIterator[T]):
-  """Any iterator with get_state/set_state, as a DatasetIterator parent."""
+class Checkpointable(DatasetIterator[T]):
+  """Any object with __next__ (and get_state/set_state), as a DatasetIterator parent."""
 
   def __init__(self, it: Any):
     super().__init__()
@@ -320,7 +320,7 @@ class ThreadPrefetchDatasetIterator(_ThreadPrefetchIterator[T]):
       if not (hasattr(parent, "get_state") and hasattr(parent, "set_state")):
         raise TypeError(f"ThreadPrefetchDatasetIterator needs an iterator with get_state/set_state "
                         f"(got {type(parent).__name__}).")
-      parent = _Checkpointable(parent)
+      parent = Checkpointable(parent)
     super().__init__(parent, size)
 
   def __next__(self) -> T:

@@ -659,12 +659,22 @@ def _owner(cls: type, name: str) -> type | None:
   return next((c for c in cls.__mro__ if name in vars(c)), None)
 
 
+# Packages whose sources' `__getitems__` returns exactly what `__getitem__`
+# returns index by index. Elsewhere it may not: a Hugging Face dataset with a
+# transform pads each batch to its longest row. Grain 0.2.18 reads user
+# sources by index only, so we use another `__getitems__` only from these.
+_EXACT_GETITEMS_PACKAGES = ("array_record.", "grain.", "tensorflow_datasets.")
+
+
 def _batched_method(source: Any) -> str | None:
   """The name of `source`'s batched read that agrees with its `__getitem__`, if any.
 
-  A subclass that overrides `__getitem__` (to decode records, say) but
-  inherits the batched read would return different elements by batch than by
-  index; Grain reads such a source by index, and so do we.
+  That is `read` of an ArrayRecordSource, Grain's batched-read protocol
+  (`_getitems`, which promises index-by-index elements), or `__getitems__`
+  of array_record's, Grain's and TFDS's own sources. A subclass that
+  overrides `__getitem__` (to decode records, say) but inherits the batched
+  read would return different elements by batch than by index; Grain reads
+  such a source by index, and so do we.
   """
   cls = type(source)
   getitem_owner = _owner(cls, "__getitem__")
@@ -672,8 +682,12 @@ def _batched_method(source: Any) -> str | None:
       "__getitems__", "_getitems")
   for name in names:
     owner = _owner(cls, name)
-    if owner is not None and getitem_owner is not None and issubclass(owner, getitem_owner):
-      return name
+    if owner is None or getitem_owner is None or not issubclass(owner, getitem_owner):
+      continue
+    if (name == "__getitems__" and not isinstance(source, ArrayRecordSource)
+        and not owner.__module__.startswith(_EXACT_GETITEMS_PACKAGES)):
+      continue
+    return name
   return None
 
 

@@ -241,16 +241,23 @@ def test_batched_source_adapts_foreign_sources():
     def __getitem__(self, i):
       return i * 10
 
-  class WithGetitems(OnlyGetitem):
+  class WithGrainsGetitems(OnlyGetitem):
     calls = 0
 
-    def __getitems__(self, keys):
-      WithGetitems.calls += 1
+    def _getitems(self, keys):  # Grain's batched-read protocol: index-by-index elements, promised.
+      WithGrainsGetitems.calls += 1
       return [k * 10 for k in keys]
 
+  class WithGetitems(OnlyGetitem):
+
+    def __getitems__(self, keys):  # A batch-level transform (as a Hugging Face dataset's): not per index.
+      return [k * 10 + len(keys) for k in keys]
+
   assert source_lib.BatchedSource(OnlyGetitem()).read(np.array([4, 0])) == [40, 0]
+  assert source_lib.BatchedSource(WithGrainsGetitems()).read(np.array([1, 2, 3])) == [10, 20, 30]
+  assert WithGrainsGetitems.calls == 1
+  # As Grain 0.2.18: a user source's __getitems__ is never used; elements are read by index.
   assert source_lib.BatchedSource(WithGetitems()).read(np.array([1, 2, 3])) == [10, 20, 30]
-  assert WithGetitems.calls == 1
   with pytest.raises(TypeError, match="__len__ and __getitem__"):
     source_lib.BatchedSource(object())
   assert isinstance(loader.ArrayRecordSource.__new__(loader.ArrayRecordSource), loader.RandomAccessDataSource)
