@@ -92,11 +92,15 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
 def load_state(path: str | os.PathLike) -> Any:
   """Reads a state written by `save_state` (bytes for a DataLoaderIterator's)."""
   path = os.fspath(path)
-  with open(path) as f:
-    try:
-      data = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path} is not a loader state file (invalid JSON: {e}).") from e
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    data = json.loads(raw.decode("utf-8"))
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path} is not a loader state file (not UTF-8 text: byte {e.start} is "
+                     f"{raw[e.start:e.start + 1]!r}); restore from another checkpoint.") from e
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not a loader state file (invalid JSON: {e}).") from e
   if not isinstance(data, dict) or data.get("format") != _FORMAT or "state" not in data:
     raise ValueError(f"{path} is not a loader state file (expected format {_FORMAT!r}).")
   if data.get("version") != _VERSION:

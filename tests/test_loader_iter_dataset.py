@@ -142,6 +142,10 @@ def test_save_and_restore_state_files(files, tmp_path):
   path.write_text("{}")
   with pytest.raises(ValueError, match="not a loader state file"):
     loader.restore_state(path, fresh)
+  path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")  # Binary garbage: named, one line, not a UnicodeDecodeError.
+  with pytest.raises(ValueError, match=r"data.json is not a loader state file \(not UTF-8 text: byte 0") as e:
+    loader.restore_state(path, fresh)
+  assert "\n" not in str(e.value)
 
 
 _SUBPROCESS = r"""
