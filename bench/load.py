@@ -113,7 +113,7 @@ _RESULT_TAG = "LOAD-BENCH-RESULT "
 # drift (2x between runs here, +-30% within one) hits both sides alike.
 # Best-of-passes pairs a fast moment of one row with a slow moment of the other.
 SLICE_ROUNDS = 20
-SLICE_WINDOW_S = 0.5
+SLICE_WINDOW_S = 1.0
 
 
 # --------------------------------------------------------------------------
