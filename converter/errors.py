@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal as _signal
 
 
 class ConversionError(Exception):
@@ -96,12 +97,49 @@ class ManifestExistsError(OutputExistsError):
         f"dataset. Nothing was converted. {fix}.")
 
 
+class ForeignManifestError(OutputExistsError):
+  """The output directory holds a manifest.json that the converter did not write."""
+
+  def __init__(self, path: str, problem: str):
+    self.paths = [path]
+    ConversionError.__init__(
+        self, f"{path} was not written by the converter ({problem}); this run would replace it "
+        "with its own manifest. Nothing was converted. Move it out of the output directory or "
+        "choose another --output, or pass existing='overwrite' (CLI: --overwrite) to replace it.")
+
+
+class UnfinishedRunError(OutputExistsError):
+  """manifest.json marks a run into this directory that did not finish (no flag given)."""
+
+  def __init__(self, path: str, marker_message: str):
+    self.paths = [path]
+    ConversionError.__init__(
+        self, f"{marker_message} Nothing was converted; pass existing='overwrite' (CLI: "
+        "--overwrite) instead to convert everything again.")
+
+
 class InputError(ConversionError):
   """An input that cannot be converted as given (a directory, a FIFO, a broken link...)."""
 
   def __init__(self, path: str, problem: str, fix: str):
     self.path, self.problem, self.fix = path, problem, fix
     super().__init__(f"Input {path} {problem}; {fix}.")
+
+
+class InputChangedError(ConversionError):
+  """An input that was there when the run was planned vanished or became unreadable while converting."""
+
+  exit_code = 1  # Found while converting: shards were already written.
+
+  def __init__(self, path: str, problem: str):
+    self.path, self.problem = path, problem
+    gone = problem == "does not exist"
+    what = "disappeared while converting (it was there when the run started)" if gone else \
+        f"{problem} while converting"
+    fix = "Put it back" if gone else "Fix it"
+    super().__init__(
+        f"Input {path} {what}; the shards already written are kept. {fix}, then rerun with "
+        "--skip-existing to convert the rest.")
 
 
 class CompressionMismatchError(CorruptRecordError):
@@ -150,17 +188,21 @@ class ClobberedOutputError(ConversionError):
 
 
 class Interrupted(ConversionError):
-  """The run was stopped (Ctrl-C); complete shards are kept, temp files removed."""
+  """The run was stopped (Ctrl-C, SIGTERM, SIGHUP); complete shards are kept, temp files removed."""
 
   exit_code = 130  # 128 + SIGINT, as shells report it.
 
-  def __init__(self, complete: int, total: int, signal_name: str | None = None):
+  def __init__(self, complete: int, total: int, signal_name: str | None = None,
+               overwrite: bool = False):
     self.complete, self.total = complete, total
-    if signal_name == "SIGTERM":
-      self.exit_code = 143  # 128 + SIGTERM.
+    if signal_name and signal_name != "SIGINT" and hasattr(_signal, signal_name):
+      self.exit_code = 128 + getattr(_signal, signal_name)  # SIGTERM 143, SIGHUP 129.
     how = f"stopped by {signal_name}" if signal_name and signal_name != "SIGINT" else "interrupted"
-    super().__init__(f"{how}; {complete} of {total} shards complete; rerun with "
-                     "--skip-existing to resume")
+    # A resume of an --overwrite run redoes the shards it had not replaced yet
+    # (the directory's marker names them), so --skip-existing is right for both.
+    flag = ("--skip-existing instead of --overwrite to resume (shards still holding old data are "
+            "redone)" if overwrite else "--skip-existing to resume")
+    super().__init__(f"{how}; {complete} of {total} shards complete; rerun with {flag}")
 
 
 def _subclasses(cls: type) -> list[type]:

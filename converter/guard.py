@@ -7,8 +7,10 @@
   - takes the output directory's lock (one writer per directory), removes
     temp files of dead runs, and plans the shards.
 Used as a context manager around the pipeline, it releases the lock, removes
-this run's temp files if the run fails, and turns Ctrl-C into `Interrupted`
-("interrupted; N of M shards complete; rerun with --skip-existing to resume").
+this run's temp files if the run fails, and turns Ctrl-C, SIGTERM and SIGHUP
+(a closed terminal) into `Interrupted` ("interrupted; N of M shards complete;
+rerun with --skip-existing to resume"). A run that fails before it changed
+any shard puts back the manifest.json it found.
 
   guard = ConversionGuard(files, options)          # checks, lock, plan
   with guard, beam.Pipeline(options=opts) as p:
@@ -23,10 +25,12 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 from converter import writer as _writer
 from converter.errors import CompressionMismatchError, Interrupted, OutputError, OutputLockedError
+from converter.manifest import INCOMPLETE
 from converter.options import ConvertOptions
 from converter.planning import ShardPlan, plan_shards
 from converter.tfrecord import detect_compression
@@ -58,8 +62,12 @@ class ConversionGuard:
     self._created: list[str] = []
     self._lock: ondisk.DirLock | None = None
     self.interrupted: str | None = None  # The signal that stopped the run.
+    # Called (in the main thread) when a signal stops the run, before it
+    # unwinds: e.g. to end worker processes at once instead of after their shard.
+    self.on_stop: list[Callable[[], None]] = []
     self._old_handlers: dict[int, Any] = {}
     self._watchdog: threading.Timer | None = None
+    self._manifest_before: bytes | None = None
     try:
       check_compression(inputs, options.compression)
       if self.local:
@@ -67,9 +75,19 @@ class ConversionGuard:
       self.plans = list(plan(list(inputs), options))
       if self.local:
         check_free_space(self.output_dir, self.plans)
+        self._manifest_before = _read_or_none(ondisk.manifest_path(self.output_dir))
     except BaseException:
       self._release(failed=True)
       raise
+
+  @property
+  def lock_fd(self) -> int | None:
+    """The open file descriptor holding the output directory's lock (local runs), if any.
+
+    A worker process that inherits it holds the lock too, so the directory
+    stays locked until every process that may still write to it is gone.
+    """
+    return self._lock.fd if self._lock is not None else None
 
   def _prepare_local_output(self) -> None:
     out = self.output_dir
@@ -115,9 +133,10 @@ class ConversionGuard:
     if threading.current_thread() is threading.main_thread():
       # Beam turns a KeyboardInterrupt raised inside a DoFn into a RuntimeError;
       # note the signal itself so any form of it reads as an interruption.
-      # SIGTERM too (`kill`, `timeout`, `docker stop`): without a handler the
-      # process dies at once, leaving its lock, temp file and Beam workers.
-      for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+      # SIGTERM (`kill`, `timeout`, `docker stop`) and SIGHUP (a closed
+      # terminal, a dropped ssh) too: without a handler the process dies at
+      # once, leaving its lock, temp file and Beam workers.
+      for signum, default in _HANDLED:
         if signal.getsignal(signum) is default:
           self._old_handlers[signum] = default
           signal.signal(signum, self._on_signal)
@@ -125,17 +144,37 @@ class ConversionGuard:
 
   def _on_signal(self, signum, frame):
     if self.interrupted:  # Asked again: stop now.
-      _stop_now(f"stopped by a second {signal.Signals(signum).name}", 128 + signum)
+      self._stop_now(f"stopped by a second {signal.Signals(signum).name}", 128 + signum)
     self.interrupted = signal.Signals(signum).name
+    for stop in self.on_stop:
+      try:
+        stop()
+      except Exception:  # pylint: disable=broad-except  # The run stops anyway.
+        pass
     # Beam can hang when interrupted while it starts its worker processes; a
-    # stop must not depend on it (the lock is an flock, freed at exit, and the
-    # next run removes dead runs' temp files).
+    # stop must not depend on it.
     self._watchdog = threading.Timer(
-        _STOP_GRACE_S, _stop_now, (f"stopped by {self.interrupted}, but Beam did not shut down within "
-                                   f"{_STOP_GRACE_S:.0f} s; rerun with --skip-existing to resume", 128 + signum))
+        _STOP_GRACE_S, self._stop_now, (f"stopped by {self.interrupted}, but Beam did not shut down "
+                                        f"within {_STOP_GRACE_S:.0f} s; rerun with --skip-existing to "
+                                        "resume", 128 + signum))
     self._watchdog.daemon = True
     self._watchdog.start()
     raise KeyboardInterrupt
+
+  def _stop_now(self, message: str, code: int) -> None:
+    """Ends the process at once, after ending its workers and removing what it leaves behind."""
+    _kill_descendants()
+    try:
+      if self.local:
+        self._release(failed=True)
+    except Exception:  # pylint: disable=broad-except  # Exit anyway; the next run cleans up.
+      pass
+    try:
+      print(f"arrayrecord-convert: {message}", file=sys.stderr, flush=True)
+    except Exception:  # pylint: disable=broad-except  # No terminal left (SIGHUP).
+      pass
+    finally:
+      os._exit(code)  # pylint: disable=protected-access
 
   def __exit__(self, exc_type, exc, tb) -> None:
     for signum, handler in self._old_handlers.items():
@@ -148,12 +187,37 @@ class ConversionGuard:
     interrupted = self.interrupted or (exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
     self._release(failed=failed)
     if interrupted:
-      raise Interrupted(self.complete_shards(), len(self.plans), self.interrupted) from None
+      raise Interrupted(self.complete_shards(), len(self.plans), self.interrupted,
+                        overwrite=self.options.existing == "overwrite") from None
+
+  def _changed_nothing(self) -> bool:
+    """Whether every output this run was to write is still what it found (a local run)."""
+    return all(ondisk.file_id(p.output) == (tuple(p.replaces) if p.replaces else None)
+               for p in getattr(self, "plans", ()) if p.action == "convert")
+
+  def _put_back_manifest(self) -> None:
+    """After a failed run that changed no shard: the manifest.json it found, instead of its marker."""
+    path = ondisk.manifest_path(self.output_dir)
+    now = _read_or_none(path)
+    if now is None or now == self._manifest_before or not self._changed_nothing():
+      return
+    try:
+      if ondisk.parse_manifest(now, path, incomplete_ok=True).get("status") != INCOMPLETE:
+        return  # A finished manifest: not ours to undo.
+    except ondisk.ManifestError:
+      return
+    if self._manifest_before is None:
+      os.remove(path)
+    else:
+      ondisk.write_bytes_atomic(path, self._manifest_before)
 
   def _release(self, failed: bool) -> None:
     if failed and self.local and os.path.isdir(self.output_dir):
-      # This run's temp files (a Ctrl-C can stop a writer before its cleanup).
+      # This run's temp files (a Ctrl-C can stop a writer before its cleanup),
+      # and those of its worker processes, which are gone by now.
       ondisk.remove_stale_temps(self.output_dir, also_own=True)
+      if self._lock is not None:
+        self._put_back_manifest()
     if self._lock is not None:
       self._lock.release()
       self._lock = None
@@ -167,6 +231,16 @@ class ConversionGuard:
 
 
 _STOP_GRACE_S = 20.0
+_HANDLED = ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL),
+            (signal.SIGHUP, signal.SIG_DFL))
+
+
+def _read_or_none(path: str) -> bytes | None:
+  try:
+    with open(path, "rb") as f:
+      return f.read()
+  except FileNotFoundError:
+    return None
 
 
 def _descendants() -> list[int]:
@@ -188,17 +262,18 @@ def _descendants() -> list[int]:
   return out
 
 
-def _stop_now(message: str, code: int) -> None:
-  """Ends the process at once: its worker processes (SIGKILL), then itself, after one line."""
-  for pid in _descendants():
+def _kill_descendants(wait_s: float = 2.0) -> None:
+  """SIGKILLs this process's descendants (its worker processes) and waits until they are gone."""
+  pids = _descendants()
+  for pid in pids:
     try:
       os.kill(pid, signal.SIGKILL)
     except OSError:
       pass  # Gone meanwhile.
-  try:
-    print(f"arrayrecord-convert: {message}", file=sys.stderr, flush=True)
-  finally:
-    os._exit(code)  # pylint: disable=protected-access
+  deadline = time.monotonic() + wait_s
+  # A killed child is a zombie until reaped: dead for ondisk.is_alive, so its temp files can go.
+  while time.monotonic() < deadline and any(ondisk._process_start(p) is not None for p in pids):  # pylint: disable=protected-access
+    time.sleep(0.01)
 
 
 def check_compression(inputs: Sequence[str], compression: str) -> None:

@@ -7,6 +7,9 @@ writing manifests on any filesystem Beam knows (gs://...).
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import json
 import os
 import shutil
 import struct
@@ -18,11 +21,13 @@ import xxhash
 
 from converter import writer as _writer
 from loader import ondisk
-from loader.ondisk import MANIFEST_FORMAT, MANIFEST_NAME, ManifestError, manifest_path
+from loader.ondisk import (INCOMPLETE, MANIFEST_FORMAT, MANIFEST_NAME, IncompleteManifestError,
+                           ManifestError, manifest_path)
 
-__all__ = ["MANIFEST_FORMAT", "MANIFEST_NAME", "ManifestError", "RecordDigest",
-           "array_record_digest", "build_manifest", "manifest_path", "read_manifest",
-           "write_digested", "write_manifest"]
+__all__ = ["FoundManifest", "INCOMPLETE", "IncompleteManifestError", "MANIFEST_FORMAT",
+           "MANIFEST_NAME", "ManifestError", "RecordDigest", "array_record_digest",
+           "build_manifest", "find_manifest", "manifest_path", "read_manifest",
+           "write_digested", "write_incomplete_manifest", "write_manifest"]
 
 _LEN = struct.Struct("<Q")
 _READ_BLOCK = 1024
@@ -120,7 +125,7 @@ def write_manifest(output_dir: str, manifest: dict[str, Any]) -> str:
   return path
 
 
-def read_manifest(output_dir: str) -> dict[str, Any] | None:
+def read_manifest(output_dir: str, *, incomplete_ok: bool = False) -> dict[str, Any] | None:
   """The checked manifest in output_dir with full shard paths, or None if there is none.
 
   Shard `input`/`output` paths are resolved against output_dir (the manifest
@@ -128,10 +133,77 @@ def read_manifest(output_dir: str) -> dict[str, Any] | None:
   its own files.
 
   Raises:
-    ManifestError: the manifest is not valid; the message names the file.
+    ManifestError: the manifest is not valid, or (IncompleteManifestError,
+      unless incomplete_ok) marks a run that did not finish; the message
+      names the file.
   """
   path = manifest_path(output_dir)
   if not _writer.exists(path):
     return None
-  manifest = ondisk.parse_manifest(_writer.read_bytes(path), path)
+  manifest = ondisk.parse_manifest(_writer.read_bytes(path), path, incomplete_ok=incomplete_ok)
   return {**manifest, "shards": ondisk.resolved_shards(manifest, output_dir)}
+
+
+@dataclasses.dataclass(frozen=True)
+class FoundManifest:
+  """A manifest.json already in an output directory, and whose it is.
+
+  Attributes:
+    path: Its path.
+    kind: 'complete' (a finished run's), 'incomplete' (the marker of a run that
+      has not finished), 'damaged' (ours, but unreadable: not JSON, or our
+      format with bad fields) or 'foreign' (valid JSON that does not claim our
+      format: someone else's file, replaced only with --overwrite).
+    manifest: The parsed manifest with full shard paths (complete, incomplete).
+    problem: Why it is damaged or foreign.
+  """
+
+  path: str
+  kind: str
+  manifest: dict[str, Any] | None = None
+  problem: str | None = None
+
+
+def find_manifest(output_dir: str) -> FoundManifest | None:
+  """The manifest.json in output_dir and its kind, or None if there is none."""
+  path = manifest_path(output_dir)
+  if not _writer.exists(path):
+    return None
+  data = _writer.read_bytes(path)
+  try:
+    doc = json.loads(data)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    # Not JSON at all: a torn or corrupted copy of ours (we only ever write JSON).
+    return FoundManifest(path, "damaged", problem=f"not valid JSON ({e})")
+  fmt = doc.get("format") if isinstance(doc, dict) else None
+  if fmt != MANIFEST_FORMAT:
+    what = (f"a JSON {type(doc).__name__}" if not isinstance(doc, dict) else
+            "no 'format'" if fmt is None else f"format={fmt!r}")
+    return FoundManifest(path, "foreign", problem=f"{what}, not {MANIFEST_FORMAT!r}")
+  try:
+    manifest = ondisk.parse_manifest(data, path, incomplete_ok=True)
+  except ManifestError as e:
+    return FoundManifest(path, "damaged", problem=str(e))
+  kind = "incomplete" if manifest.get("status") == INCOMPLETE else "complete"
+  return FoundManifest(path, kind, {**manifest, "shards": ondisk.resolved_shards(manifest, output_dir)})
+
+
+def write_incomplete_manifest(output_dir: str, shards: list[dict[str, Any]], *,
+                              writer_options: str, existing: str, run_id: str) -> str:
+  """Replaces manifest.json by the marker of a run that is about to change shards.
+
+  The run is described by the output directory's lock holder (the process
+  that runs the conversion) where there is one, else by this process.
+  """
+  holder = ondisk.lock_holder(output_dir) if _writer.is_local(output_dir) else None
+  me = ondisk.this_process()
+  run = {"pid": me.pid, "host": me.host, "process_start": me.start,
+         "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+  if holder:
+    run.update({k: holder[k] for k in ("pid", "host", "process_start", "started") if k in holder})
+  run.update(existing=existing, id=run_id)
+  marker = ondisk.incomplete_manifest(shards, output_dir=output_dir, writer_options=writer_options,
+                                      run=run)
+  path = manifest_path(output_dir)
+  _writer.write_bytes_atomic(path, ondisk.dump_manifest(marker))
+  return path

@@ -5,19 +5,30 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import stat
 from typing import Any, Iterable
 
 from converter import writer as _writer
-from converter.errors import ConversionError, ManifestExistsError, NoInputFilesError, OutputExistsError
-from converter.manifest import MANIFEST_NAME, ManifestError, manifest_path, read_manifest
+from converter.errors import (ConversionError, ForeignManifestError, ManifestExistsError, NoInputFilesError,
+                              OutputError, OutputExistsError, UnfinishedRunError)
+from converter.manifest import MANIFEST_NAME, FoundManifest, find_manifest
 from converter.naming import common_dir, output_path, split_uri
 from converter.options import ConvertOptions
 from converter.tfrecord import check_regular_file
 from loader import ondisk
 
 
-def match_pattern(pattern: str) -> list[str]:
-  """Files matching one glob (local or gs://), sorted; raises if none match."""
+def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
+  """Files matching one glob (local or gs://), sorted; raises if none match.
+
+  Like the shell's, a wildcard does not match names starting with '.' (a
+  `.DS_Store`, or a converter's own hidden temp file) unless the pattern's
+  part says '.' itself. What a wildcard matches that cannot be an input is
+  left out too: directories, and (when `skip_under` is an output directory
+  strictly inside the folder the pattern lists) that run's own outputs. A
+  path given without wildcards is taken as given, and refused if it is no
+  regular file.
+  """
   from apache_beam.io.filesystems import FileSystems
   # Beam's local glob lists nothing for a pattern without a directory part
   # (`*.tfrecord`), so local patterns are matched as absolute paths.
@@ -29,18 +40,54 @@ def match_pattern(pattern: str) -> list[str]:
     if "No files found" in str(e) or "not found" in str(e).lower():
       raise NoInputFilesError(pattern, _bracket_hint(pattern)) from None
     raise
+  wanted = _GlobFilter(query, skip_under)
   paths = sorted(m.path for m in metadata
-                 if not m.path.rstrip("/").endswith("/" + MANIFEST_NAME))
+                 if not m.path.rstrip("/").endswith("/" + MANIFEST_NAME) and wanted(m.path))
   if local:
     # Beam's glob silently drops broken links; a missing shard must not go unnoticed.
     for p in sorted(glob.glob(query, recursive=True)):
-      if os.path.islink(p) and not os.path.exists(p):
+      if os.path.islink(p) and not os.path.exists(p) and wanted(p):
         check_regular_file(p)
+    if wanted.magic:
+      paths = [p for p in paths if not os.path.isdir(p)]  # `in/*` also lists in/some_folder.
     for p in paths:
-      check_regular_file(p)  # A directory or FIFO given by name, or matched.
+      check_regular_file(p)  # A directory or FIFO given by name, or a FIFO matched.
   if not paths:
     raise NoInputFilesError(pattern, _bracket_hint(pattern))
   return paths
+
+
+class _GlobFilter:
+  """Whether a path a pattern matched is one the shell's glob would give (see match_pattern)."""
+
+  def __init__(self, query: str, skip_under: str | None):
+    scheme, rest = split_uri(query)
+    parts = rest.split("/")
+    fixed = 0
+    while fixed < len(parts) and not glob.has_magic(parts[fixed]):
+      fixed += 1
+    self.magic = fixed < len(parts)
+    self._scheme, self._parts, self._fixed = scheme, parts, fixed
+    base = "/".join(parts[:fixed])
+    self._skip = None
+    if skip_under is not None and self.magic:
+      out = os.path.abspath(skip_under) if split_uri(skip_under)[0] == "" else split_uri(skip_under)[1]
+      out = out.rstrip("/")
+      if scheme == split_uri(skip_under)[0] and out.startswith(base.rstrip("/") + "/"):
+        self._skip = out + "/"  # Strictly inside the listed folder: never the inputs' own folder.
+
+  def __call__(self, path: str) -> bool:
+    if not self.magic:
+      return True
+    rest = split_uri(path)[1].rstrip("/")
+    if self._skip is not None and (rest + "/").startswith(self._skip):
+      return False
+    got = rest.split("/")[self._fixed:]
+    wild = self._parts[self._fixed:]
+    if "**" in "/".join(wild) or len(got) != len(wild):
+      dots_asked = any(w.startswith(".") for w in wild)
+      return dots_asked or not any(g.startswith(".") for g in got)
+    return all(w.startswith(".") or not g.startswith(".") for g, w in zip(got, wild))
 
 
 def _bracket_hint(pattern: str) -> str | None:
@@ -54,8 +101,12 @@ def _bracket_hint(pattern: str) -> str | None:
           f"match itself; escape '[' as '[[]': --input {glob.escape(pattern)!r}")
 
 
-def expand_patterns(patterns: str | Iterable[str]) -> list[str]:
-  """All files matching any of the patterns, sorted and de-duplicated."""
+def expand_patterns(patterns: str | Iterable[str], skip_under: str | None = None) -> list[str]:
+  """All files matching any of the patterns, sorted and de-duplicated.
+
+  `skip_under`: the run's output directory, whose files a wildcard does not
+  take as inputs (see match_pattern).
+  """
   if isinstance(patterns, str):
     patterns = [patterns]
   patterns = list(patterns)
@@ -63,7 +114,7 @@ def expand_patterns(patterns: str | Iterable[str]) -> list[str]:
     raise ValueError("No input patterns given.")
   files: set[str] = set()
   for p in patterns:
-    files.update(match_pattern(p))
+    files.update(match_pattern(p, skip_under))
   return sorted(files)
 
 
@@ -100,35 +151,96 @@ def _starts_as_array_record(path: str) -> bool:
     return False
 
 
-def _check_manifest_kept(options: ConvertOptions, outputs: list[str]) -> None:
-  """Refuses to replace a manifest.json that describes other data, unless overwriting.
-
-  Every run ends by writing the output directory's manifest of the shards it
-  planned; a second run into the same directory (another split, say) would
-  otherwise make the first run's shards vanish from the dataset.
-  """
-  if options.existing == "overwrite":
-    return
-  path = manifest_path(options.output_dir)
-  if not _writer.exists(path):
-    return
-  if options.existing == "error":
-    raise ManifestExistsError(path, None)
+def _check_output_slot(path: str) -> None:
+  """Refuses, before any work, an output name taken by something no file can replace."""
   try:
-    manifest = read_manifest(options.output_dir) or {}
-  except ManifestError:
-    return  # Damaged: a resume rebuilds it from the shards' own files.
+    mode = os.lstat(path).st_mode
+  except (FileNotFoundError, NotADirectoryError):
+    return
+  fix = "remove it or choose another --output"
+  if stat.S_ISLNK(mode):
+    if not os.path.exists(path):
+      raise OutputError(f"Output {path} is a symbolic link to {os.readlink(path)!r}, which does not "
+                        "exist; remove the link or choose another --output.")
+    mode = os.stat(path).st_mode
+  if stat.S_ISDIR(mode):
+    raise OutputError(f"Output {path} is a directory, where this run would write its file; {fix}.")
+  if not stat.S_ISREG(mode):
+    kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) \
+        else "a device" if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) else "not a regular file"
+    raise OutputError(f"Output {path} is {kind}, where this run would write its file; {fix}.")
+
+
+def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list[str],
+                     run_id: str | None) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+  """Applies the `existing` policy to a manifest.json already in the output directory.
+
+  Every run replaces manifest.json (first by the marker of a run in progress,
+  at the end by its manifest), so: someone else's file is replaced only with
+  existing='overwrite'; a finished run's only by overwrite, or by a resume
+  that keeps all the shards it lists (else another split's shards would drop
+  out of the dataset); an unfinished run's marker only by overwrite or a
+  resume (skip), which redoes the shards that run had planned to replace and
+  had not replaced yet.
+
+  Returns:
+    ({output: earlier manifest entry} of shards a resume may keep, with what
+    that manifest said of them; {output: identity it had when an unfinished
+    run planned to replace it}).
+  """
+  found: FoundManifest | None = None if options.existing == "overwrite" else find_manifest(options.output_dir)
+  if found is None:
+    return {}, {}
+  if found.kind == "foreign":
+    raise ForeignManifestError(found.path, found.problem)
+  marker = found.manifest if found.kind == "incomplete" else None
+  # A retried planning step finds the marker its own run wrote; the marker of
+  # a run that wrote or kept no shard at all guards nothing.
+  own = marker is not None and run_id is not None and (marker.get("run") or {}).get("id") == run_id
+  if marker is not None and not own and not any(_writer.exists(s["output"]) for s in marker["shards"]):
+    return {}, {}
+  if options.existing == "error" and not own:
+    if marker is not None:
+      raise UnfinishedRunError(found.path, ondisk.unfinished_run_message(found.path, marker))
+    if existing:
+      raise OutputExistsError(existing)
+    raise ManifestExistsError(found.path, None)
+  if found.kind == "damaged":
+    return {}, {}  # Kept shards are rebuilt from their files, so nothing is lost.
   planned = set(outputs)
-  dropped = sorted(s["output"] for s in manifest.get("shards", []) if s.get("output") not in planned)
+  shards = found.manifest["shards"]
+  dropped = sorted(s["output"] for s in shards if s["output"] not in planned)
   if dropped:
-    raise ManifestExistsError(path, dropped)
+    raise ManifestExistsError(found.path, dropped)
+  if marker is None:
+    return {s["output"]: s for s in shards if s.get("status") != "failed"}, {}
+  previous = {s["output"]: s for s in shards if s.get("status") == "existing"}
+  stale = {s["output"]: s.get("replaces") for s in shards
+           if s.get("status") == "pending" and s.get("replaces") is not None}
+  return previous, stale
 
 
-def plan_shards(inputs: list[str], options: ConvertOptions) -> list[ShardPlan]:
+def _still_stale(path: str, planned_identity: Any) -> bool:
+  """Whether an output an unfinished run planned to replace still holds what it planned to replace."""
+  if not _writer.is_local(path) or not isinstance(planned_identity, list):
+    return True  # Remote objects cannot be told apart: redo them.
+  return ondisk.file_id(path) == tuple(planned_identity)
+
+
+def plan_shards(inputs: list[str], options: ConvertOptions,
+                run_id: str | None = None) -> list[ShardPlan]:
   """Maps inputs to outputs and applies the `existing` policy.
 
+  Args:
+    inputs: The input files.
+    options: The conversion options.
+    run_id: The id of the run planning (written into its marker), so a
+      retried planning step is not refused by its own run's marker.
+
   Raises:
-    OutputExistsError: outputs exist and options.existing == 'error'.
+    OutputExistsError: outputs (or a manifest.json) exist and options.existing
+      == 'error', or a manifest.json would be replaced that the policy keeps.
+    OutputError: an output name is taken by a directory, a broken link...
     ConversionError: two inputs map to one output name.
   """
   if not inputs:
@@ -151,34 +263,47 @@ def plan_shards(inputs: list[str], options: ConvertOptions) -> list[ShardPlan]:
           "one of them or convert them into different output directories.")
     if as_local(o) in input_set:
       raise ConversionError(f"Output {o!r} would overwrite the input of the same name.")
+    if _writer.is_local(o):
+      _check_output_slot(o)
     seen[o] = i
   existing = [o for o in outputs if _writer.exists(o)]
+  previous, stale = _manifest_policy(options, outputs, existing, run_id)
   if existing and options.existing == "error":
     raise OutputExistsError(existing)
-  _check_manifest_kept(options, outputs)
-  previous: dict[str, dict[str, Any]] = {}
-  if existing and options.existing == "skip":
-    try:
-      manifest = read_manifest(options.output_dir) or {}
-    except ManifestError:
-      manifest = {}  # Kept shards are rebuilt from their files, so nothing is lost.
-    previous = {s["output"]: s for s in manifest.get("shards", []) if s.get("status") != "failed"}
   plans = []
   existing_set = set(existing)
+  complete: set[str] = set()
   if options.existing == "skip":
-    # A damaged ArrayRecord file is redone; a file that is no ArrayRecord at
+    # A damaged ArrayRecord file is redone, and so is one that an unfinished
+    # --overwrite run had not replaced yet; a file that is no ArrayRecord at
     # all (the user's own, under an output name) is replaced only with
     # existing='overwrite'.
-    complete = {o for o in existing if not _writer.is_local(o) or _complete_local_array_record(o)}
-    foreign = [o for o in existing if o not in complete and not _starts_as_array_record(o)]
+    redo = {o for o in existing if o in stale and _still_stale(o, stale[o])}
+    complete = {o for o in existing if o not in redo and
+                (not _writer.is_local(o) or _complete_local_array_record(o))}
+    foreign = [o for o in existing if o not in complete and o not in redo and not _starts_as_array_record(o)]
     if foreign:
       raise OutputExistsError(foreign, "are not ArrayRecord files, so --skip-existing can neither keep "
                                        "nor replace them")
   for i, o in zip(inputs, outputs):
-    keep = options.existing == "skip" and o in complete
-    if keep:
+    if o in complete:
       plans.append(ShardPlan(input=i, output=o, action="keep", previous=previous.get(o)))
     else:
       replaces = _writer.output_identity(o) if o in existing_set else None
       plans.append(ShardPlan(input=i, output=o, action="convert", replaces=replaces))
   return plans
+
+
+def marker_entries(plans: list[ShardPlan]) -> list[dict[str, Any]]:
+  """What a run's marker (manifest.json while it runs) says of each planned shard."""
+  entries = []
+  for p in plans:
+    if p.action == "convert":
+      replaces = list(p.replaces) if isinstance(p.replaces, tuple) else p.replaces
+      entries.append({"input": p.input, "output": p.output, "status": "pending", "replaces": replaces})
+    else:
+      carried = {k: v for k, v in (p.previous or {}).items()
+                 if k in ("records", "digest", "bytes_out", "compression", "record_bytes",
+                          "corrupt_records_skipped", "input_truncated")}
+      entries.append({**carried, "input": p.input, "output": p.output, "status": "existing"})
+  return entries

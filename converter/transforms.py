@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any, Iterable
 
@@ -10,10 +11,10 @@ from apache_beam.metrics import Metrics
 
 from converter import manifest as _manifest
 from converter import writer as _writer
-from converter.errors import CorruptRecordError
+from converter.errors import CorruptRecordError, InputChangedError, InputError
 from converter.manifest import RecordDigest
 from converter.options import ConvertOptions
-from converter.planning import ShardPlan, match_pattern, plan_shards
+from converter.planning import ShardPlan, marker_entries, match_pattern, plan_shards
 from converter.tfrecord import TFRecordReader
 
 
@@ -37,14 +38,26 @@ class MatchFiles(beam.PTransform):
 
 
 class _PlanFn(beam.DoFn):
-  """Sees all input paths at once: names outputs, checks existing ones."""
+  """Sees all input paths at once: names outputs, checks existing ones.
+
+  Before any shard is converted, it replaces manifest.json by the marker of
+  a run in progress (loader.ondisk.INCOMPLETE), so a run that stops or fails
+  never leaves a directory that reads as complete; the final manifest
+  replaces the marker at the end.
+  """
 
   def __init__(self, options: ConvertOptions):
     self._options = options
+    # Made once when the pipeline is built, so a retried planning step knows its own marker.
+    self._run_id = secrets.token_hex(8)
 
   def process(self, inputs: list[str]):
-    for plan in plan_shards(inputs, self._options):
-      yield plan
+    plans = plan_shards(inputs, self._options, run_id=self._run_id)
+    if any(p.action == "convert" for p in plans):
+      _manifest.write_incomplete_manifest(
+          self._options.output_dir, marker_entries(plans), writer_options=self._options.writer_options,
+          existing=self._options.existing, run_id=self._run_id)
+    yield from plans
 
 
 class _ConvertShardFn(beam.DoFn):
@@ -74,6 +87,10 @@ class _ConvertShardFn(beam.DoFn):
                                           expect=plan.replaces) as w:
         _manifest.write_digested(reader, w.write, digest)
         bytes_out = w.commit()
+    except InputError as e:
+      # It was a regular file when planned: found gone or unreadable while
+      # converting, after other shards may have been written (exit 1, not 2).
+      raise InputChangedError(e.path, e.problem) from None
     except CorruptRecordError as e:
       if opts.on_corrupt == "fail":
         raise

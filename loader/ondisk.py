@@ -38,10 +38,23 @@ LOCK_NAME = ".arrayrecord-toolkit.lock"
 # Every ArrayRecord (Riegeli) file starts with this block header signature.
 RIEGELI_SIGNATURE = b"\x83\xaf\x70\xd1\x0d\x88\x4a\x3f"
 STATUSES = ("converted", "existing", "failed")
+# manifest.json's top-level `status` while a run is changing the directory: the
+# run writes this marker before it touches any shard and replaces it with the
+# finished manifest at its end, so a directory that a stopped or failed run left
+# half old, half new is never read as complete.
+INCOMPLETE = "incomplete"
 
 
 class ManifestError(ValueError):
   """A manifest that cannot be used; the message names the file and what to do."""
+
+
+class IncompleteManifestError(ManifestError):
+  """manifest.json marks a conversion that has not finished: the shards may mix old and new data."""
+
+  def __init__(self, path: str, manifest: dict[str, Any]):
+    self.path, self.manifest = path, manifest
+    super().__init__(unfinished_run_message(path, manifest))
 
 
 # ---------------------------------------------------------------- paths
@@ -96,12 +109,13 @@ def manifest_path(directory: str) -> str:
 # ---------------------------------------------------------------- manifest
 
 
-def parse_manifest(data: bytes | str, path: str) -> dict[str, Any]:
+def parse_manifest(data: bytes | str, path: str, *, incomplete_ok: bool = False) -> dict[str, Any]:
   """The manifest in `data` (read from `path`), checked; paths stay as stored.
 
   Only `shards` (a list of {output, records, status}) is required, so a
   hand-written manifest that names its shards works; a `format` other than
-  ours is refused.
+  ours is refused, and so is the marker of a run that has not finished
+  (status INCOMPLETE) unless `incomplete_ok` (the converter resuming it).
 
   Raises:
     ManifestError: naming `path` and what is wrong.
@@ -118,12 +132,17 @@ def parse_manifest(data: bytes | str, path: str) -> dict[str, Any]:
   if fmt != MANIFEST_FORMAT:
     raise ManifestError(f"{path} is not an arrayrecord-toolkit manifest (format={fmt!r}, "
                         f"expected {MANIFEST_FORMAT!r}); move it out of the dataset directory.")
+  unfinished = manifest.get("status") == INCOMPLETE
+  if unfinished and not incomplete_ok:
+    raise IncompleteManifestError(path, manifest)
   shards = manifest.get("shards")
   if not isinstance(shards, list):
     raise ManifestError(f"{path} has no 'shards' list; {redo}.")
   for i, s in enumerate(shards):
     if not isinstance(s, dict) or not isinstance(s.get("output"), str) or not s["output"]:
       raise ManifestError(f"{path}: shard {i} needs 'output' (a path), got {s!r}; {redo}.")
+    if unfinished:
+      continue  # A marker's entries are plans ('pending') or kept shards, checked when resumed.
     status = s.get("status", "converted")
     if status not in STATUSES:
       raise ManifestError(f"{path}: shard {i} ({s['output']}) has status {status!r}, expected "
@@ -147,6 +166,54 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
   except OSError as e:
     raise ManifestError(f"{path} cannot be read ({e}).") from None
   return parse_manifest(data, path)
+
+
+def unfinished_run_message(path: str, manifest: dict[str, Any]) -> str:
+  """One line for the marker of an unfinished run: who wrote it and what to rerun."""
+  run = manifest.get("run") if isinstance(manifest.get("run"), dict) else {}
+  pid, start, host = run.get("pid"), run.get("process_start"), run.get("host")
+  who = f"pid {pid} on host {host}, started {run.get('started')}"
+  alive = (is_alive(Owner(pid, start if isinstance(start, int) else 0, host))
+           if isinstance(pid, int) and isinstance(host, str) else False)
+  if alive and pid == os.getpid() and host == _hostname():
+    alive = False  # A pipeline run in this very process, which has returned or raised.
+  if alive:
+    return (f"{path} marks a conversion that is still writing this directory ({who}); wait for "
+            "it to finish before reading the dataset.")
+  how = " (an --overwrite run)" if run.get("existing") == "overwrite" else ""
+  rerun = ("rerun that conversion with --skip-existing instead of --overwrite to complete it "
+           "(shards still holding old data are redone)" if how else
+           "rerun that conversion with --skip-existing to complete it")
+  if alive is None:  # Another host: it may still run.
+    return (f"{path} marks a conversion{how} that has not finished ({who}): some shards may be "
+            f"missing or hold older data. If that run has stopped, {rerun}.")
+  return (f"{path} marks a conversion{how} that did not finish ({who}): some shards may be missing "
+          f"or hold older data. {rerun[0].upper()}{rerun[1:]}.")
+
+
+def incomplete_manifest(shards: Iterable[dict[str, Any]], *, output_dir: str, writer_options: str,
+                        run: dict[str, Any]) -> dict[str, Any]:
+  """The marker a run writes as manifest.json before it changes any shard.
+
+  Args:
+    shards: One entry per planned shard with full `input`/`output` paths:
+      status 'pending' (to convert; `replaces` is file_id() of the file it will
+      replace, None if none, REPLACE_ANY where unknowable) or 'existing' (kept,
+      with what the earlier manifest said of it).
+    output_dir: The dataset directory; paths are stored relative to it.
+    writer_options: The run's ArrayRecord writer options.
+    run: Who runs it and how: pid, host, process_start, started, existing, id.
+  """
+  stored = []
+  for entry in sorted(shards, key=lambda r: r["output"]):
+    entry = dict(entry)
+    for key in ("input", "output"):
+      if isinstance(entry.get(key), str):
+        entry[key] = to_stored(output_dir, entry[key])
+    stored.append(entry)
+  return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "status": INCOMPLETE,
+          "run": dict(run), "output_dir": output_dir, "writer_options": writer_options,
+          "shards": stored}
 
 
 def dump_manifest(manifest: dict[str, Any]) -> bytes:
@@ -291,8 +358,8 @@ def parse_temp_name(name: str) -> tuple[str, Owner] | None:
 def temp_files(directory: str) -> list[tuple[str, Owner]]:
   """Temp files under a local directory (recursively), with their owners."""
   found = []
-  for root, dirs, files in os.walk(directory):
-    dirs[:] = [d for d in dirs if not d.startswith(".")]
+  # Hidden folders too: the output mirrors the inputs' folders, `.x/` included.
+  for root, _, files in os.walk(directory):
     for name in files:
       parsed = parse_temp_name(name)
       if parsed:
@@ -406,6 +473,14 @@ class LockedError(RuntimeError):
       who = (f"pid {holder.get('pid')} on host {holder.get('host')}, started "
              f"{holder.get('started')}")
       stop = f"stop it (`kill {holder.get('pid')}` on {holder.get('host')})"
+      pid, start, host = holder.get("pid"), holder.get("process_start"), holder.get("host")
+      if isinstance(pid, int) and isinstance(host, str) and \
+          is_alive(Owner(pid, start if isinstance(start, int) else 0, host)) is False:
+        # Its worker processes inherited the lock and die with it: moments, not minutes.
+        super().__init__(
+            f"{directory} is still locked by the worker processes of a conversion whose main process "
+            f"({who}) has exited; they stop with it within moments: retry shortly.")
+        return
     else:
       who, stop = "a process that has not written its details yet", "stop it"
     super().__init__(
@@ -460,6 +535,11 @@ class DirLock:
     self._fd = fd
     return self
 
+  @property
+  def fd(self) -> int | None:
+    """The descriptor holding the flock (None when not held): a child that inherits it holds the lock too."""
+    return self._fd
+
   def release(self) -> None:
     if self._fd is None:
       return
@@ -481,6 +561,16 @@ class DirLock:
 
   def __exit__(self, *exc) -> None:
     self.release()
+
+
+def lock_holder(directory: str) -> dict[str, Any] | None:
+  """What the lock file of a local directory says of its holder (pid, host...), if readable."""
+  try:
+    with open(os.path.join(directory, LOCK_NAME), "rb") as f:
+      holder = json.loads(f.read(4096))
+  except (OSError, ValueError):
+    return None
+  return holder if isinstance(holder, dict) else None
 
 
 def _read_holder(fd: int) -> dict[str, Any] | None:

@@ -58,8 +58,16 @@ def unknown_beam_flags(opts: PipelineOptions) -> list[str]:
   return sorted("--" + k for k in everything if k not in known)
 
 
+def say(line: str) -> None:
+  """One line on stderr; nothing if there is no terminal any more (after SIGHUP)."""
+  try:
+    print(line, file=sys.stderr, flush=True)
+  except (OSError, ValueError):
+    pass
+
+
 def fail(prog: str, message: str, code: int = 2) -> int:
-  print(f"{prog}: error: {message}", file=sys.stderr)
+  say(f"{prog}: error: {message}")
   return code
 
 
@@ -108,10 +116,10 @@ def run_reporting_errors(prog: str, run: Callable[[], Any]) -> tuple[Any, int | 
   try:
     return run(), None
   except Interrupted as e:
-    print(f"{prog}: {e}", file=sys.stderr)
+    say(f"{prog}: {e}")
     return None, e.exit_code
   except KeyboardInterrupt:
-    print(f"{prog}: interrupted; rerun with --skip-existing to resume", file=sys.stderr)
+    say(f"{prog}: interrupted; rerun with --skip-existing to resume")
     return None, Interrupted.exit_code
   except (ConversionError, ValueError, TypeError) as e:
     # Found while converting (corrupt record, disk full): a failed run (1), not a usage error (2).

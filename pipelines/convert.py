@@ -65,7 +65,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     raise ValueError(f"Unknown flag(s) {', '.join(unknown)}: neither a converter flag "
                      "(see --help) nor a Beam pipeline option.")
   options = cli.converter_options(args)
-  files = expand_patterns(args.input)
+  files = expand_patterns(args.input, skip_under=args.output)
   guard = ConversionGuard(files, options)  # Checks, locks the output dir, plans: before any work.
   plans = guard.plans
   todo = sum(p.action == "convert" for p in plans)
@@ -76,9 +76,11 @@ def run(argv: Sequence[str] | None = None) -> dict:
     print(f"Converting {todo} of {len(plans)} file(s) to {options.output_dir} "
           f"(writer options {options.writer_options!r}, runner "
           f"{opts.get_all_options()['runner']}, {local.mode})...", flush=True)
+  tied = workers.TiedWorkers(keep_fds=[guard.lock_fd])
+  guard.on_stop.append(tied.stop)
   start = time.monotonic()
   with guard, progress.watch(shards, quiet=args.quiet), cli.worker_stderr_held_back(local.workers), \
-      beam.Pipeline(runner=local.runner(opts), options=opts) as p:
+      tied, beam.Pipeline(runner=local.runner(opts), options=opts) as p:
     build.add_conversion(p, options, files=files)
   manifest = read_manifest(options.output_dir)
   manifest["_seconds"] = time.monotonic() - start

@@ -51,7 +51,17 @@ def run(script: str, argv: Sequence[str] | None = None) -> int:
     print(error, file=sys.stderr)
     return 2
   try:
-    return importlib.import_module(SCRIPTS[script][0]).main(argv)
+    module = importlib.import_module(SCRIPTS[script][0])
+  except KeyboardInterrupt:
+    # Ctrl-C while Beam (or TensorFlow) is still being imported: before any work.
+    print(f"{script}: interrupted while starting; nothing was changed", file=sys.stderr)
+    return 130
+  try:
+    return module.main(argv)
+  except KeyboardInterrupt:
+    # main() reports an interrupted run itself; this is Ctrl-C outside of one.
+    print(f"{script}: interrupted", file=sys.stderr)
+    return 130
   except BrokenPipeError:
     # The reader of our output went away (`... | head`): stop quietly, as
     # Unix tools do, instead of a traceback; nothing is left half-written.

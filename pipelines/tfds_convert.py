@@ -416,9 +416,11 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{plan.info['name']!r} ({plan.dataset_dir}) {mode} (writer options "
           f"{options.writer_options!r}, runner {opts.get_all_options()['runner']}, "
           f"{local.mode})...", flush=True)
+  tied = workers.TiedWorkers(keep_fds=[guard.lock_fd])
+  guard.on_stop.append(tied.stop)
   start = time.monotonic()
   with guard, progress.watch(shards, quiet=args.quiet), cli.worker_stderr_held_back(local.workers), \
-      beam.Pipeline(runner=local.runner(opts), options=opts) as p:
+      tied, beam.Pipeline(runner=local.runner(opts), options=opts) as p:
     add_tfds_conversion(p, plan, options)
   manifest = read_manifest(plan.out_dir)
   manifest["_seconds"] = time.monotonic() - start

@@ -22,7 +22,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from typing import Sequence
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any, Sequence
 
 # Cores this process may run on (its CPU affinity): the loader's count.
 from loader.engine import available_cores as usable_cores
@@ -196,6 +202,138 @@ def local_runner(options):
       beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
   _stop_workers_side_by_side()
   return fn_runner.FnApiRunner(provision_info=info)
+
+
+# Beam 2.77's multi_processing worker command (fn_runner.FnApiRunner.run_pipeline).
+_BEAM_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
+_BEAM_WORKER_COMMAND = "%s -m " + _BEAM_WORKER_MAIN
+
+
+class _WorkerSpawner:
+  """Stands in for the `subprocess` module inside Beam's local_job_service.
+
+  That module starts each SDK worker with `subprocess.Popen(command,
+  shell=True)`: in our process group (so a terminal's Ctrl-C kills the
+  workers mid-bundle, and Beam prints their deaths as tracebacks) and
+  without the lock. Its worker command becomes `exec python -m
+  pipelines.sdk_worker PID apache_beam.runners.worker.sdk_worker_main` in a
+  session of its own, with the descriptors in `keep_fds` inherited; any other
+  command runs unchanged.
+  """
+
+  def __init__(self, real: Any):
+    self._real = real
+    self.keep_fds: tuple[int, ...] = ()
+    self.procs: list[subprocess.Popen] = []
+    self.stopped = False
+    # Reentrant: stop() runs in a signal handler, which may interrupt stop() itself.
+    self._lock = threading.RLock()
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._real, name)
+
+  def Popen(self, args, **kwargs):  # pylint: disable=invalid-name  # subprocess's name.
+    if not (kwargs.get("shell") and args == _BEAM_WORKER_COMMAND % sys.executable):
+      return self._real.Popen(args, **kwargs)
+    # `exec`: the worker is the process Popen started, so its parent is us (PR_SET_PDEATHSIG).
+    args = f"exec {shlex.quote(sys.executable)} -m pipelines.sdk_worker {os.getpid()} {_BEAM_WORKER_MAIN}"
+    kwargs["start_new_session"] = True
+    if self.keep_fds:
+      kwargs["pass_fds"] = tuple(self.keep_fds)
+    proc = self._real.Popen(args, **kwargs)
+    with self._lock:
+      self.procs.append(proc)
+      if self.stopped:  # The run was stopped while this worker was being started.
+        _kill(proc)
+    return proc
+
+  def start(self, keep_fds: tuple[int, ...]) -> None:
+    with self._lock:
+      self.keep_fds, self.procs, self.stopped = keep_fds, [], False
+
+  def stop(self) -> None:
+    """Kills the workers started so far, and any started from now on."""
+    with self._lock:
+      self.stopped = True
+      for proc in self.procs:
+        _kill(proc)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+  if proc.poll() is None:
+    try:
+      os.kill(proc.pid, signal.SIGKILL)
+    except OSError:
+      pass  # Exited meanwhile.
+
+
+def _spawner() -> _WorkerSpawner | None:
+  """Puts the _WorkerSpawner into Beam's local_job_service once; None if Beam changed."""
+  from apache_beam.runners.portability import local_job_service
+  current = getattr(local_job_service, "subprocess", None)
+  if isinstance(current, _WorkerSpawner):
+    return current
+  if current is not subprocess:
+    return None  # Not the module we know how to stand in for: Beam's own behaviour.
+  local_job_service.subprocess = _WorkerSpawner(subprocess)
+  return local_job_service.subprocess
+
+
+class TiedWorkers:
+  """Ties the SDK worker processes of one local run to it; a context manager around the pipeline.
+
+  The workers run in their own session, so Ctrl-C or a hang-up on the
+  terminal reaches only this process; they hold the output directory's lock
+  (the descriptors in `keep_fds`), so it is not free while any of them lives;
+  and they die with this process (pipelines.sdk_worker). `stop()` (given to
+  ConversionGuard.on_stop) kills them at once when a signal stops the run;
+  leaving the block with an error does too. Meanwhile the tracebacks Beam's
+  threads print about workers that were stopped are dropped: the run's one
+  line says what happened.
+  """
+
+  def __init__(self, keep_fds: Sequence[int | None] = ()):
+    self._keep_fds = tuple(fd for fd in keep_fds if fd is not None)
+    self._spawner: _WorkerSpawner | None = None
+    self._stopping = False
+    self._hook = None
+
+  def __enter__(self) -> TiedWorkers:
+    self._spawner = _spawner()
+    if self._spawner is not None:
+      self._spawner.start(self._keep_fds)
+    self._hook = threading.excepthook
+    threading.excepthook = self._excepthook
+    return self
+
+  def _excepthook(self, args) -> None:
+    if not self._stopping:
+      self._hook(args)
+
+  def stop(self) -> None:
+    """Kills the run's worker processes now (their temp files are removed as dead runs')."""
+    self._stopping = True
+    if self._spawner is not None:
+      self._spawner.stop()
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    try:
+      if exc_type is not None:
+        self.stop()
+        for proc in self._spawner.procs if self._spawner is not None else ():
+          try:
+            proc.wait(timeout=5)
+          except subprocess.TimeoutExpired:
+            pass
+        # Beam's thread per worker reports the death when it sees it: let it, while muted.
+        for t in threading.enumerate():
+          if t.name == "run_worker" and t is not threading.current_thread():
+            t.join(timeout=5)
+    finally:
+      if threading.excepthook == self._excepthook:
+        threading.excepthook = self._hook
+      if self._spawner is not None:
+        self._spawner.start(())  # Forget this run's workers and descriptors.
 
 
 def _stop_workers_side_by_side() -> None:

@@ -61,10 +61,43 @@ def env() -> dict[str, str]:
   return e
 
 
-def start_cli(module: str, *args: str) -> subprocess.Popen:
-  """A real CLI process (`python -m module args`), output captured as text."""
+def start_cli(module: str, *args: str, new_session: bool = False) -> subprocess.Popen:
+  """A real CLI process (`python -m module args`), output captured as text.
+
+  new_session: in its own session and process group (pgid == pid), so a test
+  can signal the whole group as a terminal does, without hitting pytest.
+  """
   return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=new_session)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      return f.read().rsplit(b")", 1)[1].decode().split()
+  except (OSError, IndexError):
+    return None
+
+
+def children(pid: int) -> list[int]:
+  """Live child processes of `pid` (Linux /proc)."""
+  return [int(p) for p in os.listdir("/proc") if p.isdigit() and
+          (fields := _stat_fields(int(p))) and fields[1] == str(pid) and fields[0] != "Z"]
+
+
+def alive(pid: int) -> bool:
+  """Whether `pid` runs (a zombie has exited)."""
+  fields = _stat_fields(pid)
+  return fields is not None and fields[0] != "Z"
+
+
+def cmdline(pid: int) -> str:
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return f.read().replace(b"\0", b" ").decode()
+  except OSError:
+    return ""
 
 
 def run_cli(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -50,7 +50,9 @@ def test_disk_full_mid_run_is_one_line_no_temp_and_resumable(tmp_path, small, ar
     for name in recs:
       if ft.out_name(name) in done:
         assert ar_read(os.path.join(out, ft.out_name(name))) == recs[name]
-    assert sorted(os.listdir(out)) == done  # No lock, no manifest, nothing partial.
+    # No lock, nothing partial; manifest.json marks the failed run, so nobody reads a part as the dataset.
+    assert sorted(os.listdir(out)) == sorted(done + ["manifest.json"])
+    assert json.loads(open(os.path.join(out, "manifest.json")).read())["status"] == ondisk.INCOMPLETE
 
     subprocess.run(["mount", "-o", "remount,size=4m", out], check=True)  # Space freed.
     assert convert.main(args(inp, out, "--skip-existing")) == 0

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -57,7 +59,10 @@ def test_kill_9_then_skip_existing_gives_a_complete_manifest(tmp_path, dataset, 
   proc.wait()
   assert proc.returncode == -signal.SIGKILL
   assert left and all(os.path.exists(t) for t in left)  # The killed run's half-written file.
-  assert not (out / "manifest.json").exists()
+  # manifest.json is the killed run's marker: the half-converted directory is not read as complete.
+  assert json.loads((out / "manifest.json").read_text())["status"] == ondisk.INCOMPLETE
+  with pytest.raises(ondisk.IncompleteManifestError, match="did not finish.*--skip-existing"):
+    loader.ArrayRecordSource(str(out))
 
   resumed = ft.run_cli(CONVERT, *convert_args(inp, out, "--skip-existing"))
   assert resumed.returncode == 0, resumed.stderr
@@ -107,7 +112,9 @@ def test_ctrl_c_or_sigterm_prints_one_line_and_leaves_no_temp(tmp_path, dataset,
   assert ft.one_line(stderr) == (f"arrayrecord-convert: {how}; {len(done)} of {SHARDS} "
                                  "shards complete; rerun with --skip-existing to resume")
   assert ft.temps(str(out)) == []
-  assert ft.listing(str(out)) == done  # No lock file, no manifest, nothing half-written.
+  # No lock file, nothing half-written; manifest.json is the stopped run's marker.
+  assert ft.listing(str(out)) == sorted(done + ["manifest.json"])
+  assert json.loads((out / "manifest.json").read_text())["status"] == ondisk.INCOMPLETE
   for name in done:
     src = [n for n in recs if ft.out_name(n) == name][0]
     assert ar_read(str(out / name)) == recs[src]
@@ -203,3 +210,215 @@ def test_publish_never_replaces_a_file_written_after_planning(tmp_path):
     w.commit()
   assert _writer.output_identity(final) == kept
   assert ft.temps(str(tmp_path)) == []
+
+
+def test_a_stopped_overwrite_is_never_read_as_complete_and_resumes_correctly(tmp_path, dataset, ar_read):
+  import loader
+  from pipelines import verify
+  inp, _ = dataset
+  out = tmp_path / "out"
+  assert convert.main(convert_args(inp, out)) == 0
+  new_inp = tmp_path / "v2"
+  new = ft.make_dataset(str(new_inp), SHARDS, 2000, 1000, seed=7)  # Same names and sizes, new records.
+  before = {n: os.stat(out / n).st_ino for n in ft.published(str(out))}
+
+  def one_replaced():
+    return ft.temps(str(out)) and any(os.stat(out / n).st_ino != ino for n, ino in before.items()
+                                      if (out / n).exists())
+  proc = ft.start_cli(CONVERT, *convert_args(new_inp, out, "--overwrite"))
+  ft.wait_for(one_replaced, proc, what="a shard replaced and the next one half-written")
+  ft.stop(proc)
+  proc.send_signal(signal.SIGINT)
+  proc.send_signal(signal.SIGCONT)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 130, stderr
+  assert "rerun with --skip-existing instead of --overwrite to resume" in ft.one_line(stderr)
+  # Old and new shards side by side: neither the loader nor verify takes that for the dataset.
+  with pytest.raises(ondisk.IncompleteManifestError, match=r"an --overwrite run\) that did not finish"):
+    loader.ArrayRecordSource(str(out))
+  checked = ft.run_cli("pipelines.verify", "--input", str(new_inp / "*"), "--output", str(out))
+  assert checked.returncode == 1 and "did not finish" in ft.one_line(checked.stderr)
+
+  # The advised resume redoes the shards still holding old data; no digest is taken on trust.
+  resumed = ft.run_cli(CONVERT, *convert_args(new_inp, out, "--skip-existing"))
+  assert resumed.returncode == 0, resumed.stderr
+  manifest = json.loads((out / "manifest.json").read_text())
+  by_name = {os.path.basename(s["output"]): s for s in manifest["shards"]}
+  for name, records in new.items():
+    assert ar_read(str(out / ft.out_name(name))) == records
+    assert by_name[ft.out_name(name)]["digest"] == digest(records)
+  kept = [s for s in manifest["shards"] if s["status"] == "existing"]
+  assert kept and {s["digest_from"] for s in kept} == {"file"}
+  assert verify.main(["--input", str(new_inp / "*"), "--output", str(out)]) == 0
+
+
+def test_a_run_that_fails_before_changing_a_shard_puts_the_manifest_back(tmp_path, dataset):
+  from converter import ConvertOptions
+  from converter.guard import ConversionGuard
+  from converter.manifest import write_incomplete_manifest
+  from converter.planning import marker_entries
+  inp, _ = dataset
+  out = tmp_path / "out"
+  assert convert.main(convert_args(inp, out)) == 0
+  before = (out / "manifest.json").read_bytes()
+  files = sorted(str(p) for p in inp.iterdir())
+  options = ConvertOptions(output_dir=str(out), existing="overwrite")
+  with pytest.raises(RuntimeError, match="no shard written"):
+    with ConversionGuard(files, options) as guard:
+      # What the pipeline's planning step does first, then the run fails.
+      write_incomplete_manifest(str(out), marker_entries(guard.plans), writer_options="group_size:1",
+                                existing="overwrite", run_id="test")
+      assert json.loads((out / "manifest.json").read_text())["status"] == ondisk.INCOMPLETE
+      raise RuntimeError("no shard written")
+  assert (out / "manifest.json").read_bytes() == before
+  assert not (out / ondisk.LOCK_NAME).exists()
+
+
+def _session_and_workers(proc) -> list[int]:
+  return [proc.pid] + ft.children(proc.pid)
+
+
+@pytest.mark.parametrize("sig, code, how", [(signal.SIGINT, 130, "interrupted"),
+                                            (signal.SIGTERM, 143, "stopped by SIGTERM"),
+                                            (signal.SIGHUP, 129, "stopped by SIGHUP")])
+def test_a_signal_to_the_whole_group_with_worker_processes_gives_one_line(tmp_path, dataset, sig, code, how):
+  # A terminal sends Ctrl-C (and a hang-up) to every process of the foreground group.
+  inp, _ = dataset
+  out = tmp_path / "out"
+  proc = ft.start_cli(CONVERT, *convert_args(inp, out)[:-2], "--workers", "2", new_session=True)
+  ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
+  workers = [c for c in ft.children(proc.pid) if "sdk_worker" in ft.cmdline(c)]
+  assert len(workers) == 2
+  os.killpg(proc.pid, sig)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == code, stderr
+  line = ft.one_line(stderr)
+  assert line.startswith(f"arrayrecord-convert: {how}; ") and "rerun with --skip-existing" in line
+  assert ft.temps(str(out)) == []  # The workers' half-written files too.
+  assert not (out / ondisk.LOCK_NAME).exists()
+  ft.wait_for(lambda: not any(map(ft.alive, workers)), what="the workers gone")
+  assert convert.main(convert_args(inp, out, "--skip-existing")) == 0
+
+
+def test_sighup_is_handled_like_sigterm(tmp_path, dataset):
+  inp, _ = dataset
+  out = tmp_path / "out"
+  proc = ft.start_cli(CONVERT, *convert_args(inp, out))
+  ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
+  ft.stop(proc)
+  proc.send_signal(signal.SIGHUP)  # A closed terminal, a dropped ssh session.
+  proc.send_signal(signal.SIGCONT)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 129, stderr
+  assert ft.one_line(stderr).startswith("arrayrecord-convert: stopped by SIGHUP; ")
+  assert ft.temps(str(out)) == [] and not (out / ondisk.LOCK_NAME).exists()
+
+
+def test_workers_never_publish_after_their_killed_parent_let_go_of_the_lock(tmp_path):
+  inp = tmp_path / "in"
+  ft.make_dataset(str(inp), 12, 2000, 1000)
+  out = tmp_path / "out"
+  proc = ft.start_cli(CONVERT, *convert_args(inp, out)[:-2], "--workers", "2", new_session=True)
+  ft.wait_for(lambda: ft.published(str(out)), proc, what="a first shard published")
+  workers = [c for c in ft.children(proc.pid) if "sdk_worker" in ft.cmdline(c)]
+  proc.kill()  # SIGKILL: the parent runs no cleanup; its workers hold the lock until they are gone.
+  proc.wait()
+  lock = None
+
+  def take_lock() -> bool:
+    nonlocal lock
+    try:
+      lock = ondisk.DirLock(str(out)).acquire()
+    except ondisk.LockedError as e:
+      assert "has exited" in str(e)  # Says the holder died and its workers are going.
+      return False
+    return True
+  ft.wait_for(take_lock, what="the lock")
+  try:
+    done = ft.published(str(out))
+    assert not any(map(ft.alive, workers))  # The lock was free only once the workers were dead...
+    assert ft.published(str(out)) == done  # ...so nothing was published under the new holder.
+    assert done != [ft.out_name(n) for n in sorted(os.listdir(inp))]  # They did not finish first.
+  finally:
+    lock.release()
+
+
+def test_ctrl_c_while_beam_starts_its_workers_exits_at_once_leaving_nothing(tmp_path, dataset):
+  inp, _ = dataset
+  out = tmp_path / "new" / "out"
+  proc = ft.start_cli(CONVERT, *convert_args(inp, out)[:-2], "--workers", "2", new_session=True)
+  ft.wait_for(lambda: any("sdk_worker" in ft.cmdline(c) for c in ft.children(proc.pid)), proc,
+              what="a worker process starting")
+  workers = [c for c in ft.children(proc.pid) if "sdk_worker" in ft.cmdline(c)]
+  if not ft.published(str(out)):
+    os.killpg(proc.pid, signal.SIGINT)
+  _, stderr = proc.communicate(timeout=15)  # Not Beam's 20 s shutdown watchdog.
+  assert proc.returncode == 130, stderr
+  assert ft.one_line(stderr).startswith("arrayrecord-convert: interrupted; 0 of 4 shards complete")
+  assert not (tmp_path / "new").exists()  # The folders it created held nothing but its lock.
+  ft.wait_for(lambda: not any(map(ft.alive, workers)), what="the workers gone")
+
+
+def test_ctrl_c_while_starting_up_is_one_line(tmp_path, dataset):
+  inp, _ = dataset
+  out = tmp_path / "out"
+  # The console script (`python -m pipelines.convert` imports Beam before any of our code runs).
+  proc = subprocess.Popen([sys.executable, "-c", "import sys; from pipelines import entry_points; "
+                           "sys.exit(entry_points.convert())", *convert_args(inp, out)],
+                          cwd=ft.REPO, env=ft.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+  def importing_beam() -> bool:  # Beam's gRPC extension is loaded while Beam is imported.
+    try:
+      with open(f"/proc/{proc.pid}/maps") as f:
+        return "cygrpc" in f.read()
+    except OSError:
+      return False
+  ft.wait_for(importing_beam, proc, what="Beam being imported")
+  proc.send_signal(signal.SIGINT)
+  _, stderr = proc.communicate(timeout=60)
+  assert proc.returncode == 130, stderr
+  assert ft.one_line(stderr).startswith("arrayrecord-convert: interrupted")
+  assert not out.exists()
+
+
+def test_temp_files_of_dead_runs_in_hidden_output_folders_are_removed(tmp_path, dataset):
+  inp, recs = dataset
+  hidden = tmp_path / "in" / ".x"
+  hidden.mkdir(parents=True)
+  name = sorted(recs)[0]
+  os.symlink(inp / name, hidden / name)
+  out = tmp_path / "out"
+  (out / ".x").mkdir(parents=True)
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  left = ondisk.temp_name(str(out / ".x" / ft.out_name(name)), ondisk.Owner(dead.pid, 0, ondisk.this_process().host))
+  with open(left, "wb") as f:
+    f.write(b"half a shard")
+  assert convert.main(["--input", str(tmp_path / "in" / ".x" / "*"), "--input", str(inp / name),
+                       "--output", str(out), "--quiet", "--workers", "1"]) == 0
+  assert not os.path.exists(left)
+  assert ft.temps(str(out)) == []
+
+
+def test_an_input_deleted_mid_run_is_exit_1_and_resumable(tmp_path, dataset, ar_read):
+  inp, recs = dataset
+  mine = tmp_path / "in"
+  shutil.copytree(inp, mine)
+  out = tmp_path / "out"
+  proc = ft.start_cli(CONVERT, *convert_args(mine, out))
+  ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
+  ft.stop(proc)
+  busy = {os.path.basename(t).split(".tmp-")[0][1:] for t in ft.temps(str(out))} | set(ft.published(str(out)))
+  gone = next(n for n in sorted(recs) if ft.out_name(n) not in busy)
+  moved = tmp_path / gone
+  os.rename(mine / gone, moved)
+  proc.send_signal(signal.SIGCONT)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 1, stderr
+  line = ft.one_line(stderr)
+  assert line.startswith(f"arrayrecord-convert: error: Input {mine / gone} disappeared while converting")
+  assert "shards already written are kept" in line and "rerun with --skip-existing" in line
+  os.rename(moved, mine / gone)  # Back again: the advised resume completes the run.
+  assert convert.main(convert_args(mine, out, "--skip-existing")) == 0
+  for name, records in recs.items():
+    assert ar_read(str(out / ft.out_name(name))) == records
