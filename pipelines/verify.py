@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from converter import (ConversionError, RecordDigest, TFRecordReader, common_dir, expand_patterns,
                        output_path, read_manifest)
 from converter import writer as _writer
+from converter.errors import CorruptRecordError
 from converter.manifest import ManifestError, array_record_digest, manifest_path
 from pipelines import cli
 
@@ -48,6 +49,19 @@ def tfrecord_digest(path: str, compression: str = "auto",
   return digest.records, digest.hexdigest()
 
 
+def _corrupt_input(e: CorruptRecordError, expected: dict | None, on_corrupt: str) -> str:
+  """What a corrupt input record means when its output exists, and what to run."""
+  where = (f"input {e.path}: record {e.record_index} at byte offset {e.offset} is corrupt "
+           f"({e.reason})")
+  if on_corrupt == "skip":
+    return f"unreadable: {where}, even skipping corrupt records"
+  skipped = (expected or {}).get("corrupt_records_skipped")
+  how = (f"the manifest records {skipped} corrupt record(s) skipped when it was converted" if skipped
+         else "its output exists, so it was probably converted with --on-corrupt skip")
+  return (f"{where}; {how}: rerun arrayrecord-verify with --on-corrupt skip to compare the "
+          "records that were kept")
+
+
 def check_shard(inp: str, out: str, expected: dict | None, compression: str,
                 on_corrupt: str = "fail") -> ShardCheck:
   c = ShardCheck(input=inp, output=out)
@@ -57,6 +71,9 @@ def check_shard(inp: str, out: str, expected: dict | None, compression: str,
   try:
     c.input_records, c.input_digest = tfrecord_digest(inp, compression, on_corrupt)
     c.output_records, c.output_digest = array_record_digest(out)
+  except CorruptRecordError as e:  # The input's: the output reader raises no converter error.
+    c.problem = _corrupt_input(e, expected, on_corrupt)
+    return c
   except (ConversionError, OSError, RuntimeError, ValueError) as e:
     c.problem = f"unreadable: {e}"
     return c
@@ -102,19 +119,34 @@ def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
            on_corrupt: str = "fail",
            suffix: str = "array_record", workers: int | None = None) -> list[ShardCheck]:
   """Checks every input against its output; returns one ShardCheck per shard."""
-  inputs = expand_patterns(patterns)
+  inputs = expand_patterns(patterns, skip_under=output_dir)
   root = common_dir(inputs)
-  known = _manifest_outputs(read_manifest(output_dir) or {})
+  manifest = read_manifest(output_dir)
+  known = {_norm(i): entry for i, entry in _manifest_outputs(manifest or {}).items()}
   # The manifest knows where each input went, which naming alone cannot tell
   # when only some of the converted patterns are checked (another common dir).
-  outputs = [known[i][0] if i in known else output_path(i, root, output_dir, suffix)
+  outputs = [known[_norm(i)][0] if _norm(i) in known else output_path(i, root, output_dir, suffix)
              for i in inputs]
-  expected = dict(known.values())
+  expected = {_norm(o): s for o, s in known.values()}
+  listed = {_norm(s["output"]) for s in (manifest or {}).get("shards", [])}
+  path = manifest_path(output_dir)
+
+  def check(io: tuple[str, str]) -> ShardCheck:
+    inp, out = io
+    if manifest is not None and _norm(out) not in listed:
+      # Readers of the directory go by the manifest: this shard is not in the dataset.
+      return ShardCheck(input=inp, output=out, problem=(
+          f"not listed in {path}, so readers of the dataset leave it out (input {inp}); rerun the "
+          "conversion with --skip-existing to rewrite the manifest"))
+    return check_shard(inp, out, expected.get(_norm(out)), compression, on_corrupt)
   # Reading releases the GIL in the ArrayRecord reader and crc32c.
   with concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
-    return list(pool.map(lambda io: check_shard(io[0], io[1], expected.get(io[1]), compression,
-                                             on_corrupt),
-                         zip(inputs, outputs)))
+    return list(pool.map(check, zip(inputs, outputs)))
+
+
+def _norm(path: str) -> str:
+  """A path as compared here: local paths absolute and normalised (manifests store them relative)."""
+  return os.path.abspath(path) if _writer.is_local(path) else path
 
 
 def main(argv: Sequence[str] | None = None) -> int:

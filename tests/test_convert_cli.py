@@ -293,3 +293,27 @@ def test_an_output_that_is_an_input_is_refused_with_relative_paths_too(tmp_path,
   assert convert.main(base + ["--overwrite", "--on-corrupt", "skip"]) == 2
   assert "would overwrite the input of the same name" in capsys.readouterr().err
   assert mtimes(inp) == before
+
+
+def test_a_glob_skips_hidden_files_and_folders_as_the_shell_does(tmp_path, dataset, ar_read):
+  inp, recs = dataset
+  (inp / ".DS_Store").write_bytes(b"junk")  # Not a TFRecord: converting it would fail the run.
+  (inp / ".hidden").mkdir()
+  out = tmp_path / "out"
+  assert convert.main(["--input", str(inp / "*"), "--output", str(out), "--quiet", "--workers", "1"]) == 0
+  assert sorted(os.listdir(out)) == sorted([out_name(n) for n in recs] + ["manifest.json"])
+  # Asked for by name (or by a pattern part starting with '.'), a hidden file is an input.
+  assert convert.main(["--input", str(inp / ".DS_Store"), "--output", str(tmp_path / "o2"), "--quiet"]) == 1
+
+
+def test_an_output_folder_inside_the_input_folder_is_not_an_input(tmp_path, dataset, monkeypatch, ar_read):
+  inp, recs = dataset
+  monkeypatch.chdir(inp.parent)
+  base = ["--input", "in/*", "--output", "in/ar", "--quiet", "--workers", "1"]
+  assert convert.main(base) == 0
+  # The same glob now also lists in/ar: a folder, and this run's own outputs.
+  assert convert.main(base + ["--skip-existing"]) == 0
+  assert convert.main(["--input", "in/**", *base[2:], "--overwrite"]) == 0
+  assert sorted(os.listdir(inp / "ar")) == sorted([out_name(n) for n in recs] + ["manifest.json"])
+  for name, r in recs.items():
+    assert ar_read(str(inp / "ar" / out_name(name))) == r

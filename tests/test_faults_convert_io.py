@@ -220,3 +220,66 @@ def test_a_second_run_into_the_same_directory_never_drops_the_first_runs_shards(
   assert convert.main(args(other, out, "--overwrite")) == 0
   shards = json.loads((out / ondisk.MANIFEST_NAME).read_text())["shards"]
   assert [os.path.basename(s["output"]) for s in shards] == [ft.out_name("test.tfrecord-00000-of-00001")]
+
+
+@pytest.mark.parametrize("content", [b'{"name": "my dataset", "files": ["a.csv"]}',
+                                     b'{"format": "someone-else/manifest", "shards": []}'])
+def test_a_manifest_json_the_converter_did_not_write_is_replaced_only_with_overwrite(
+    tmp_path, small, capsys, content):
+  inp, _ = small
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "manifest.json").write_bytes(content)
+  for flags in ((), ("--skip-existing",)):
+    assert convert.main(args(inp, out, *flags)) == 2
+    line = error_line(capsys)
+    assert f"{out / 'manifest.json'} was not written by the converter" in line, line
+    assert "(CLI: --overwrite) to replace it" in line and "--skip-existing" not in line
+    assert (out / "manifest.json").read_bytes() == content and os.listdir(out) == ["manifest.json"]
+  assert convert.main(args(inp, out, "--overwrite")) == 0
+  assert json.loads((out / "manifest.json").read_text())["format"] == ondisk.MANIFEST_FORMAT
+
+
+def test_a_failed_run_leaves_a_directory_the_loader_refuses(tmp_path, capsys):
+  import loader
+  inp = tmp_path / "in"
+  for name in ("a", "b", "c"):  # Names without -NNNNN-of-NNNNN: only the manifest can tell.
+    ft.write_tfrecords(str(inp / f"{name}.tfrecord"), [b"%s%03d" % (name.encode(), i) for i in range(100)])
+  bad = inp / "c.tfrecord"
+  data = bytearray(bad.read_bytes())
+  data[len(data) // 2] ^= 1
+  bad.write_bytes(bytes(data))
+  out = tmp_path / "out"
+  assert convert.main(args(inp, out)) == 1
+  assert "c.tfrecord: record " in error_line(capsys)
+  with pytest.raises(ondisk.IncompleteManifestError) as e:
+    loader.ArrayRecordSource(str(out))
+  assert str(e.value).startswith(f"{out / 'manifest.json'} marks a conversion that did not finish")
+  assert "\n" not in str(e.value) and "rerun that conversion with --skip-existing" in str(e.value).lower()
+
+
+def test_a_broken_link_at_an_output_name_is_refused_before_any_work(tmp_path, small, capsys):
+  inp, recs = small
+  out = tmp_path / "out"
+  out.mkdir()
+  link = out / ft.out_name(sorted(recs)[1])
+  link.symlink_to("/nowhere")
+  for flags in ((), ("--overwrite",), ("--skip-existing",)):
+    assert convert.main(args(inp, out, *flags)) == 2
+    assert error_line(capsys) == (
+        f"arrayrecord-convert: error: Output {link} is a symbolic link to '/nowhere', which does not "
+        "exist; remove the link or choose another --output.")
+    assert os.listdir(out) == [link.name]  # Nothing converted.
+
+
+def test_a_directory_at_an_output_name_is_refused_before_any_work(tmp_path, small, capsys):
+  inp, recs = small
+  out = tmp_path / "out"
+  taken = out / ft.out_name(sorted(recs)[1])
+  (taken / "keep").mkdir(parents=True)
+  for flags in ((), ("--overwrite",), ("--skip-existing",)):
+    assert convert.main(args(inp, out, *flags)) == 2
+    assert error_line(capsys) == (
+        f"arrayrecord-convert: error: Output {taken} is a directory, where this run would write its "
+        "file; remove it or choose another --output.")
+    assert os.listdir(out) == [taken.name] and os.listdir(taken) == ["keep"]

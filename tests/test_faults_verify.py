@@ -87,3 +87,41 @@ def test_garbage_manifest_does_not_block_a_resume(copy, capsys):
   manifest = json.loads((out / "manifest.json").read_text())
   assert manifest["totals"]["records"] == 21 and manifest["totals"]["existing"] == 2
   assert run_verify(inp, out) == 0
+
+
+def test_a_shard_left_out_of_the_manifest_fails_naming_it(copy, capsys):
+  inp, out = copy
+
+  def drop_second(m):
+    gone = m["shards"].pop(1)
+    for key in ("shards", "converted"):
+      m["totals"][key] -= 1
+    for key in ("records", "bytes_in", "bytes_out"):
+      m["totals"][key] -= gone[key]
+  edit_manifest(out, drop_second)
+  assert len(loader.ArrayRecordSource(str(out))) == 10  # What readers see: one shard short.
+  assert run_verify(inp, out) == 1
+  stdout = capsys.readouterr().out
+  assert (f"FAIL {out}/v.array_record-00001-of-00002  records=None  not listed in {out}/manifest.json, "
+          f"so readers of the dataset leave it out (input {inp}/v.tfrecord-00001-of-00002); rerun the "
+          "conversion with --skip-existing to rewrite the manifest") in stdout
+  assert "1/2 shard(s) match" in stdout
+  assert convert.main(["--input", str(inp / "*"), "--output", str(out), "--quiet", "--skip-existing"]) == 0
+  assert run_verify(inp, out) == 0
+
+
+def test_verifying_an_on_corrupt_skip_conversion_says_to_verify_with_skip(tmp_path, capsys):
+  inp, out = tmp_path / "in", tmp_path / "out"
+  bad = inp / "bad.tfrecord"
+  ft.write_tfrecords(str(bad), [b"rec%04d" % i * 10 for i in range(100)])
+  data = bytearray(bad.read_bytes())
+  data[len(data) // 2] ^= 1
+  bad.write_bytes(bytes(data))
+  assert convert.main(["--input", str(bad), "--output", str(out), "--quiet", "--on-corrupt", "skip"]) == 0
+  capsys.readouterr()
+  assert verify.main(["--input", str(bad), "--output", str(out)]) == 1
+  stdout = capsys.readouterr().out
+  assert f"input {bad}: record " in stdout and "Nothing was written" not in stdout
+  assert ("the manifest records 1 corrupt record(s) skipped when it was converted: rerun "
+          "arrayrecord-verify with --on-corrupt skip") in stdout
+  assert verify.main(["--input", str(bad), "--output", str(out), "--on-corrupt", "skip"]) == 0

@@ -283,3 +283,22 @@ def test_from_tfds_reads_the_split_shards_in_order(tmp_path):
   src = loader.ArrayRecordSource.from_tfds(d, "train")
   assert [os.path.basename(p) for p in src.paths] == names
   assert [record_index(r) for r in src.read(range(7))] == list(range(7))
+
+
+def test_directory_whose_manifest_marks_an_unfinished_conversion_is_refused(tmp_path):
+  from loader import ondisk
+  files = write_array_records(tmp_path, 2, [3, 4])
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  shards = [{"input": f"/in/{i}", "output": f, "status": "pending", "replaces": None}
+            for i, f in enumerate(files)]
+  for host, said in ((ondisk.this_process().host, "did not finish"), ("elsewhere", "has not finished")):
+    run = {"pid": dead.pid, "host": host, "started": "2026-01-01T00:00:00+00:00", "existing": "overwrite"}
+    marker = ondisk.incomplete_manifest(shards, output_dir=str(tmp_path), writer_options="group_size:1", run=run)
+    (tmp_path / "manifest.json").write_bytes(ondisk.dump_manifest(marker))
+    with pytest.raises(ondisk.IncompleteManifestError) as e:
+      loader.ArrayRecordSource(str(tmp_path))
+    message = str(e.value)
+    assert message.startswith(f"{tmp_path}/manifest.json marks a conversion (an --overwrite run) that {said} "
+                              f"(pid {dead.pid} on host {host}, started 2026-01-01T00:00:00+00:00)")
+    assert "--skip-existing instead of --overwrite" in message and "\n" not in message
