@@ -270,9 +270,10 @@ def _kill_descendants(wait_s: float = 2.0) -> None:
       os.kill(pid, signal.SIGKILL)
     except OSError:
       pass  # Gone meanwhile.
+  host = ondisk.this_process().host
   deadline = time.monotonic() + wait_s
   # A killed child is a zombie until reaped: dead for ondisk.is_alive, so its temp files can go.
-  while time.monotonic() < deadline and any(ondisk._process_start(p) is not None for p in pids):  # pylint: disable=protected-access
+  while time.monotonic() < deadline and any(ondisk.is_alive(ondisk.Owner(p, 0, host)) for p in pids):
     time.sleep(0.01)
 
 

@@ -53,11 +53,28 @@ class _PlanFn(beam.DoFn):
 
   def process(self, inputs: list[str]):
     plans = plan_shards(inputs, self._options, run_id=self._run_id)
-    if any(p.action == "convert" for p in plans):
+    if _needs_marker(plans, self._options.output_dir):
       _manifest.write_incomplete_manifest(
           self._options.output_dir, marker_entries(plans), writer_options=self._options.writer_options,
           existing=self._options.existing, run_id=self._run_id)
     yield from plans
+
+
+def _needs_marker(plans: list[ShardPlan], output_dir: str) -> bool:
+  """Whether a run must mark manifest.json as in progress before it converts.
+
+  Always when it converts into a local directory (the loader reads those).
+  Into gs:// and other remote prefixes, which the loader does not read, only
+  when there is something a stopped run could leave mixed with new shards
+  (outputs it keeps or replaces, or a manifest), not for a fresh prefix.
+  """
+  todo = [p for p in plans if p.action == "convert"]
+  if not todo:
+    return False
+  if _writer.is_local(output_dir):
+    return True
+  return (len(todo) < len(plans) or any(p.replaces is not None for p in todo)
+          or _writer.exists(_manifest.manifest_path(output_dir)))
 
 
 class _ConvertShardFn(beam.DoFn):

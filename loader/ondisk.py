@@ -13,7 +13,11 @@ reads it; all three use this module, which imports only the standard library
   carries its owner (pid, process start, host), so a later run can tell a dead
   run's leftovers from a live run's work, and a publish step that never
   replaces a file it did not expect to replace;
-- `DirLock`, the one-writer-per-output-directory lock.
+- `DirLock`, the one-writer-per-output-directory lock;
+- the marker of a run in progress: a run replaces manifest.json by a manifest
+  with status INCOMPLETE (its plan) before it changes any shard, and by the
+  finished manifest at its end; readers refuse the marker in one line, so a
+  stopped or failed run never leaves a directory that reads as complete.
 """
 
 from __future__ import annotations

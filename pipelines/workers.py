@@ -15,6 +15,11 @@ one process whatever --direct_num_workers says, and falls back to FnApiRunner
 only when that fails; running FnApiRunner directly makes the mode that the
 summary reports the one that ran, and a local conversion never reaches for
 the network.
+
+`TiedWorkers` ties those worker processes to the run that starts them: in a
+session of their own (a terminal's Ctrl-C reaches only the launcher, which
+stops them and prints one line), holding the output directory's lock, and
+dying with the launcher (`pipelines.sdk_worker`).
 """
 
 from __future__ import annotations
