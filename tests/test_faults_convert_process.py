@@ -350,11 +350,12 @@ def test_ctrl_c_while_beam_starts_its_workers_exits_at_once_leaving_nothing(tmp_
   ft.wait_for(lambda: any("sdk_worker" in ft.cmdline(c) for c in ft.children(proc.pid)), proc,
               what="a worker process starting")
   workers = [c for c in ft.children(proc.pid) if "sdk_worker" in ft.cmdline(c)]
-  if not ft.published(str(out)):
-    os.killpg(proc.pid, signal.SIGINT)
-  _, stderr = proc.communicate(timeout=15)  # Not Beam's 20 s shutdown watchdog.
+  os.killpg(proc.pid, signal.SIGINT)
+  _, stderr = proc.communicate(timeout=120)
   assert proc.returncode == 130, stderr
-  assert ft.one_line(stderr).startswith("arrayrecord-convert: interrupted; 0 of 4 shards complete")
+  # Not "..., but Beam did not shut down within 20 s": the guard's last resort.
+  assert ft.one_line(stderr) == ("arrayrecord-convert: interrupted; 0 of 4 shards complete; rerun with "
+                                 "--skip-existing to resume")
   assert not (tmp_path / "new").exists()  # The folders it created held nothing but its lock.
   ft.wait_for(lambda: not any(map(ft.alive, workers)), what="the workers gone")
 
