@@ -90,7 +90,8 @@ def test_state_has_grains_shape_and_positions():
 def _as_streams(datasets):
   # Stream stages (not plain MapDataset reads) get a read-ahead thread each.
   # All of one kind, so every slot's state has the same shape.
-  return [LimitIterDataset(ds.to_iter_dataset(), 1000) for ds in datasets]
+  return [LimitIterDataset(ds if isinstance(ds, loader.IterDataset) else ds.to_iter_dataset(), 1000)
+          for ds in datasets]
 
 
 def test_a_grain_written_state_resumes_exactly_for_a_list_and_is_refused_for_lazy_datasets():
