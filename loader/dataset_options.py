@@ -111,6 +111,10 @@ class IteratorContext:
     self.dataset_options = self.dataset_options.merge(other.dataset_options)
 
 
+class FilterRatioError(ValueError):
+  """Filters dropped too large a share of a window of elements (a ValueError, as Grain raises)."""
+
+
 class FilterRatioCheck:
   """Warns or raises when filters drop too large a share of the elements (Grain's check).
 
@@ -160,8 +164,8 @@ class FilterRatioCheck:
           return None
     return None
 
-  def error(self) -> ValueError:
-    return ValueError(
+  def error(self) -> FilterRatioError:
+    return FilterRatioError(
         f"{self._stage} dropped {self._last_ratio:.2%} of the last {CHECK_WINDOW} elements "
         f"(filter_raise_threshold_ratio={self._raise}). Check the filter; if this is intended, pre-filter the "
         "data, or pass DatasetOptions(filter_raise_threshold_ratio=None) to WithOptionsIterDataset.")

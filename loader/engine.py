@@ -446,8 +446,10 @@ def make_producer(ds: map_dataset_lib.MapDataset, read_options: Any) -> ChunkPro
 class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
   """Iterates a MapDataset chunk by chunk; state is {"next_index": k}.
 
-  If computing element k raises, the elements before it are yielded first, the
-  error is raised with the state at k, and the next call retries element k.
+  If computing element k raises, the elements before it are yielded first,
+  then the error is raised and element k is consumed, as in Grain: the state
+  is then at k + 1 and the next call goes on there (a loop that skips bad
+  records ends; restoring an earlier state computes k again).
   """
 
   def __init__(self, ds: map_dataset_lib.MapDataset[T], producer: ChunkProducer, *, allow_nones: bool = False,
@@ -488,7 +490,11 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
       if self._pos >= len(self._buffer):
         if self._error is not None:
           error, self._error = self._error, None
-          self._buffer_start, self._buffer, self._pos = self._buffer_start + self._pos, [], 0
+          # An element's error consumes it; the filter-ratio check's error
+          # comes after the elements that closed its window, consuming none.
+          failed = 0 if isinstance(error, dataset_options.FilterRatioError) else 1
+          self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
+          self._buffer, self._pos = [], 0
           self._producer.reset(self._buffer_start)
           raise error
         chunk = self._producer.next_chunk()

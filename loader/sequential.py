@@ -73,13 +73,8 @@ class _MapIterator(_ParentPositionIterator[S]):
     self._fn = fn
 
   def __next__(self) -> S:
-    state = self._parent.get_state()
-    x = next(self._parent)
-    try:
-      return self._fn(x)
-    except Exception:
-      self._parent.set_state(state)  # So the state (and a retry) is at x.
-      raise
+    # As in Grain, an element whose map raises is consumed: the next call goes on after it.
+    return self._fn(next(self._parent))
 
 
 class FilterIterDataset(SequentialIterDataset[T]):
@@ -110,13 +105,8 @@ class _FilterIterator(_ParentPositionIterator[T]):
 
   def __next__(self) -> T:
     while True:
-      state = self._parent.get_state()
       x = next(self._parent)
-      try:
-        keep = self._fn(x)
-      except Exception:
-        self._parent.set_state(state)  # So the state (and a retry) is at x.
-        raise
+      keep = self._fn(x)  # As in Grain, an element whose predicate raises is consumed.
       if self._ratio_check is None:  # Options are final once the whole tree is built.
         self._ratio_check = dataset_options.FilterRatioCheck(self._stage, self._ctx.dataset_options)
       self._ratio_check.check(bool(keep))
@@ -152,22 +142,17 @@ class _BatchIterator(_ParentPositionIterator[S]):
     self._batch_fn = batch_fn
 
   def __next__(self) -> S:
+    # As in Grain, an element's error consumes the elements read for this
+    # batch so far; the next call starts a new batch after the failed one.
     values = []
     parent = self._parent
-    state = parent.get_state()
-    try:
-      for _ in range(self._batch_size):
-        try:
-          values.append(next(parent))
-        except StopIteration:
-          break
-      if values and not (self._drop_remainder and len(values) < self._batch_size):
-        return self._batch_fn(values)
-    except Exception:
-      # An element (or batch_fn) failed: rewind to the batch start so the
-      # state is consistent and a retry rebuilds the whole batch.
-      parent.set_state(state)
-      raise
+    for _ in range(self._batch_size):
+      try:
+        values.append(next(parent))
+      except StopIteration:
+        break
+    if values and not (self._drop_remainder and len(values) < self._batch_size):
+      return self._batch_fn(values)
     raise StopIteration
 
 
@@ -263,9 +248,12 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
       self._halt()
       raise StopIteration
     if isinstance(item, _Raised):
+      # The thread stopped at the error, every element before it handed out:
+      # the parent is just past the failed element, which is consumed (as in
+      # Grain); the next call restarts the thread there.
       self._halt()
       with dataset_iterator.parent_calls():  # Our own position, not a checkpoint.
-        self._parent.set_state(self._state)  # The thread ran ahead; rewind.
+        self._state = self._parent.get_state()
       raise item.error
     x, self._state = item
     return x
@@ -357,13 +345,8 @@ class _CountingIterator(DatasetIterator[S]):
     self._index = 0
 
   def __next__(self) -> S:
-    state = self._parent.get_state()
-    x = next(self._parent)
-    try:
-      y = self._fn(self._index, x)
-    except Exception:
-      self._parent.set_state(state)  # So the state (and a retry) is at x.
-      raise
+    # As in Grain, an element whose function raises is consumed and does not count.
+    y = self._fn(self._index, next(self._parent))
     self._index += 1
     return y
 

@@ -117,7 +117,7 @@ def test_grain_state_resumes_at_grains_element():
   assert list(ours) == list(theirs)
 
 
-def test_failing_flat_map_is_retried_at_the_same_element():
+def test_an_element_whose_flat_map_raises_is_consumed_as_in_grain():
   calls = {"n": 0}
 
   def flaky(x):
@@ -132,7 +132,7 @@ def test_failing_flat_map_is_retried_at_the_same_element():
     next(it)
   state = it.get_state()
   out += list(it)
-  assert out == [v for x in range(6) for v in (x, -x)]
+  assert out == [v for x in range(6) if x != 4 for v in (x, -x)]
   restored = iter(experimental.FlatMapIterDataset(loader.MapDataset.range(6).to_iter_dataset(), flaky))
   restored.set_state(state)
-  assert list(restored) == [4, -4, 5, -5]
+  assert list(restored) == [5, -5]

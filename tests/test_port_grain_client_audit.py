@@ -168,3 +168,41 @@ def test_a_dataloader_state_resumes_with_another_batch_size_as_on_grain():
   assert plain(l.seen) == plain(g.seen)
   assert plain(l.rest) == plain(g.rest)
   assert sorted(np.concatenate([*g.seen, *g.rest]).tolist()) == list(range(24))
+
+
+SKIP_BAD_RECORDS = """
+import grain.python as grain
+
+def parse(x):
+  if x in (3, 6):
+    raise ValueError(f"record {x} is corrupt")
+  return x
+
+class Parse(grain.MapTransform):
+  def map(self, x):
+    return parse(x)
+
+def skipping(it, calls=20):
+  got = []
+  for _ in range(calls):
+    try:
+      got.append(int(next(it)))
+    except ValueError:  # A training loop that skips bad records.
+      got.append("bad")
+    except (StopIteration, IndexError):  # Grain 0.2.18's prefetch ends so after an error.
+      break
+  return got
+
+dataset = skipping(iter(grain.MapDataset.range(10).map(parse).to_iter_dataset()))
+sampler = grain.IndexSampler(10, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0)
+data_loader = skipping(iter(grain.DataLoader(data_source=list(range(10)), sampler=sampler, operations=[Parse()],
+                                             worker_count=0)))
+"""
+
+
+def test_a_loop_that_skips_bad_records_goes_on_after_them_as_on_grain():
+  # Grain's default configurations (ReadOptions with threads, the DataLoader) consume a failed element.
+  g, l = porting.run_both(SKIP_BAD_RECORDS)
+  expected = [0, 1, 2, "bad", 4, 5, "bad", 7, 8, 9]
+  assert g.dataset == l.dataset == expected
+  assert g.data_loader == l.data_loader == expected

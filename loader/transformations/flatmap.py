@@ -135,20 +135,19 @@ class _FlatMapIterator(iter_lib.DatasetIterator[T]):
     # after a restore or a failure, skipping the first `_next` of them.
     self._buffer: Sequence[Any] | None = None
     self._next = 0
-    # An element whose flat_map raised: a retry splits it again rather than
-    # rewinding the parent (the state already points before it).
-    self._failed: list[Any] = []
 
   def __next__(self) -> T:
     while self._buffer is None or self._next >= len(self._buffer):
       if self._buffer is not None:  # All splits handed out: on to the next element.
         self._parent_state = state_lib.strip(self._parent.get_state())
         self._buffer, self._next = None, 0
-      x = self._failed.pop() if self._failed else next(self._parent)  # StopIteration ends the stream.
+      x = next(self._parent)  # StopIteration ends the stream.
       try:
         self._buffer = _as_sequence(self._flat_map(x))
       except Exception:
-        self._failed.append(x)
+        # As in Grain, an element whose flat_map raises is consumed: the
+        # state and the next call go on after it.
+        self._parent_state = state_lib.strip(self._parent.get_state())
         raise
     x = self._buffer[self._next]
     self._next += 1
@@ -162,4 +161,4 @@ class _FlatMapIterator(iter_lib.DatasetIterator[T]):
     skip = checks.check_int(state["next_index_in_buffer"], "next_index_in_buffer", minimum=0)
     self._parent.set_state(state["parent"])
     self._parent_state = self._parent.get_state()
-    self._buffer, self._next, self._failed = None, skip, []
+    self._buffer, self._next = None, skip

@@ -33,8 +33,8 @@ workers and the mixing in the consumer, so states are exact: unlike Grain
 elements. A Grain-written state resumes exactly where the inputs' order is
 Grain's (no shuffle or other seeded operation), and is refused otherwise.
 Difference from Grain: an error other than StopIteration does not stop the
-mixture (Grain stops it); the state stays at the failing element, so a
-retry reads it again, as everywhere in loader.
+mixture (Grain stops it); the input consumed its failed element, as every
+loader stage does, and the next call goes on with the mixture.
 """
 
 from __future__ import annotations

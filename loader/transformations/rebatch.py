@@ -94,7 +94,8 @@ class _RebatchIterator(iter_lib.DatasetIterator):
     self._rows = 0
     self._pos = 0  # Rows of it already used.
     # A batch interrupted by an error: (state at its start, rows gathered so
-    # far). A retry completes it; until then the state points at its start.
+    # far). The next call completes it with the rows after the failed input
+    # element; until then the state points at its start.
     self._partial: tuple[dict[str, Any], list[list[Any]]] | None = None
 
   def _read(self) -> bool:
@@ -103,6 +104,13 @@ class _RebatchIterator(iter_lib.DatasetIterator):
       x = next(self._parent)
     except StopIteration:
       return False
+    except Exception:
+      # The parent consumed the failed element (as in Grain): the next input
+      # batch starts after it.
+      self._parent_state = state_lib.strip(self._parent.get_state())
+      if self._partial is not None and not self._partial[1]:
+        self._partial = None  # No rows gathered yet: the state is simply after the failure.
+      raise
     leaves = _flatten(x, [])
     rows = len(leaves[0]) if leaves else 0
     if rows <= 0:

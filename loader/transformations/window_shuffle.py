@@ -131,20 +131,27 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
     self._window: list[Any] | None = None  # The shuffled window being handed out.
     self._pos = 0
     self._window_start_state: Any = None
+    # A window whose filling an element's error interrupted: (its start state,
+    # the elements read). As in Grain, the next call goes on filling it after
+    # the failed element (which the parent has consumed).
+    self._partial: tuple[Any, list[Any]] | None = None
 
   def _fill(self) -> None:
     parent = self._parent
-    # Called from __next__, outside any get_state: drop the pipeline
-    # description the outermost call would add, it belongs to our own state.
-    self._window_start_state = state_lib.strip(parent.get_state())
-    elements = []
+    if self._partial is None:
+      # Called from __next__, outside any get_state: drop the pipeline
+      # description the outermost call would add, it belongs to our own state.
+      self._window_start_state = state_lib.strip(parent.get_state())
+      elements = []
+    else:
+      (self._window_start_state, elements), self._partial = self._partial, None
     try:
-      for _ in range(self._window_size):
+      while len(elements) < self._window_size:
         elements.append(next(parent))
     except StopIteration:
       pass
     except Exception:
-      parent.set_state(self._window_start_state)  # A retry re-reads the whole window.
+      self._partial = (self._window_start_state, elements)
       raise
     if not elements:
       raise StopIteration
@@ -166,6 +173,8 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
 
   def get_state(self) -> dict[str, Any]:
     window, pos, w = self._window, self._pos, self._window_index
+    if self._partial is not None:  # Restoring re-reads the interrupted window from its start.
+      return {"parent_window_start_state": self._partial[0], "window_index": w, "pos_in_window": 0}
     if window is None or pos >= len(window):
       # Between windows: the parent is at the next window's start.
       return {"parent_window_start_state": self._parent.get_state(),
@@ -178,7 +187,7 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
     w = checks.check_int(state["window_index"], "window_index", minimum=0)
     pos = checks.check_int(state["pos_in_window"], "pos_in_window", minimum=0, maximum=self._window_size)
     self._parent.set_state(state["parent_window_start_state"])
-    self._window, self._pos, self._window_index = None, 0, w
+    self._window, self._pos, self._window_index, self._partial = None, 0, w, None
     if pos:
       self._fill()
       if pos > len(self._window):

@@ -117,8 +117,6 @@ class _ZipDatasetIterator(iter_lib.DatasetIterator[tuple]):
 
   def __next__(self) -> tuple:
     parents = self._parents
-    # States to rewind to if a later input fails (the last one needs none).
-    before = [p.get_state() for p in parents[:-1]]
     items = []
     for i, it in enumerate(parents):
       try:
@@ -135,9 +133,13 @@ class _ZipDatasetIterator(iter_lib.DatasetIterator[tuple]):
             raise ValueError(_strict_zip_error(j, "longer")) from stop
         raise
       except Exception:
-        # Rewind the inputs already read so the state (and a retry) is at this tuple.
-        for p, s in zip(parents[:i], before):
-          p.set_state(s)
+        # The failing tuple is consumed, as an element is in Grain: the later
+        # inputs skip their element too, so the next tuple stays aligned.
+        for later in parents[i + 1:]:
+          try:
+            next(later)
+          except Exception:  # pylint: disable=broad-except  # Its own error or end shows on the next call.
+            pass
         raise
     return tuple(items)
 
