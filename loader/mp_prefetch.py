@@ -8,8 +8,9 @@ stream does not depend on the worker count (see `loader.iter_dataset` for
 which stages are random access). Workers are started with the 'spawn'
 method: fork would copy JAX/TensorFlow runtime threads and locks into the
 child, which can deadlock. The pipeline is sent with cloudpickle, so lambdas
-and locally defined functions work, and workers never re-run the user's
-script (see `_without_main_module`).
+and locally defined functions work; as in Grain, workers run the script's
+top level first when it has a `__main__` guard, and never run a script
+without one (see `workers_run_main`).
 
 Lifecycle. Workers ignore SIGINT (the parent decides when to stop), exit when
 the parent sends "stop", closes the pipe, or dies (a watchdog thread polls
@@ -22,6 +23,7 @@ only a killed worker can have left behind.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import multiprocessing
 import multiprocessing.connection
@@ -201,18 +203,44 @@ def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = 
   ipc.sweep(shm_prefix)
 
 
-@contextlib.contextmanager
-def _without_main_module():
-  """Spawned children do not re-import the script that started them.
+def _has_main_guard(path: str) -> bool:
+  """Whether the script at `path` has a top-level `if __name__ == "__main__":` block."""
+  try:
+    with open(path, "rb") as f:
+      tree = ast.parse(f.read(), filename=path)
+  except (OSError, SyntaxError, ValueError):
+    return False
+  for node in tree.body:
+    if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+      names = [node.test.left, *node.test.comparators]
+      if (any(isinstance(n, ast.Name) and n.id == "__name__" for n in names)
+          and any(isinstance(n, ast.Constant) and n.value == "__main__" for n in names)):
+        return True
+  return False
 
-  'spawn' normally runs the parent's `__main__` again in every worker: slow
-  when the script imports JAX at top level, and fatal for a script without an
-  `if __name__ == "__main__":` guard (the child would start workers itself).
-  The pipeline travels with cloudpickle, which carries functions and classes
+
+def workers_run_main(main: Any) -> bool:
+  """Whether spawned workers run the script's top level first, as Grain's do.
+
+  'spawn' runs the parent's `__main__` again (as `__mp_main__`) in every
+  worker, so top-level setup (a registry filled at import, a
+  `jax.config.update`) holds in the workers too: Grain's workers, and so
+  ours, rely on it. A script without an `if __name__ == "__main__":` guard
+  would start workers again from each worker, so its top level is not run;
+  the pipeline travels with cloudpickle, which carries functions and classes
   defined in `__main__` by value, so the workers do not need the script.
   """
+  path = getattr(main, "__file__", None)
+  return isinstance(path, str) and _has_main_guard(path)
+
+
+@contextlib.contextmanager
+def _spawn_context():
+  """Starts spawned workers as `workers_run_main` says, with SIGINT blocked."""
   main = sys.modules.get("__main__")
-  sys.modules["__main__"] = types.ModuleType("__main__")
+  hide = not workers_run_main(main)
+  if hide:
+    sys.modules["__main__"] = types.ModuleType("__main__")
   # Children inherit a blocked SIGINT, so a Ctrl-C while they start cannot
   # kill them before they ignore it; the parent gets it when unblocked.
   blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -220,10 +248,11 @@ def _without_main_module():
     yield
   finally:
     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    if main is None:
-      del sys.modules["__main__"]
-    else:
-      sys.modules["__main__"] = main
+    if hide:
+      if main is None:
+        del sys.modules["__main__"]
+      else:
+        sys.modules["__main__"] = main
 
 
 class _WorkerPool:
@@ -275,7 +304,7 @@ class _WorkerPool:
       raise ValueError("This iterator was closed; create a new one with iter(dataset).")
     payload = _dumps((list(zip(self.leaves, self._threads)), self.worker_init_fn))
     ctx = multiprocessing.get_context("spawn")
-    with _without_main_module():
+    with _spawn_context():
       for w in range(self.num_workers):
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         proc = ctx.Process(

@@ -1,10 +1,11 @@
-"""Worker start-up: workers never re-run the training script.
+"""Worker start-up: the training script's top level in workers, as in Grain.
 
-Spawned workers normally import the parent's `__main__` again: slow when the
-script imports JAX at top level, and a crash ("An attempt has been made to
-start a new process before the current process has finished its
-bootstrapping phase") for a script without an `if __name__ == "__main__":`
-guard. loader's workers get the pipeline by value instead.
+Spawned workers import the parent's `__main__` again (as `__mp_main__`), so
+top-level setup holds in them; Grain's workers do so and client code relies
+on it. A script without an `if __name__ == "__main__":` guard would crash
+there ("An attempt has been made to start a new process before the current
+process has finished its bootstrapping phase"), so for such a script
+loader's workers skip it and get the pipeline by value.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 import subprocess
 import sys
 import textwrap
+
+from tests import porting
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,3 +45,38 @@ def test_script_without_main_guard_runs_and_is_not_reimported_by_workers(tmp_pat
   assert out.stdout.strip() == str(sum(x * x for x in range(40)))
   assert "bootstrapping" not in out.stderr
   assert len(marks.read_text().split()) == 1, "a worker re-ran the script"
+
+
+# Top-level setup that a worker's map relies on: a registry filled at import.
+_GUARDED = textwrap.dedent("""
+    import json, os, sys
+    import grain
+
+    sys.path.insert(0, os.getcwd())
+    import registry
+    registry.REG["vocab"] = ["a", "b", "c"]
+    with open("pids.txt", "a") as f:
+      f.write(f"{os.getpid()}\\n")
+
+    def lookup(i):
+      return registry.REG["vocab"][i % 3]
+
+    if __name__ == "__main__":
+      from absl import flags
+      flags.FLAGS.mark_as_parsed()
+      ds = grain.MapDataset.range(4).map(lookup).to_iter_dataset().mp_prefetch(
+          grain.MultiprocessingOptions(num_workers=2))
+      print(json.dumps([str(x) for x in ds]))
+""")
+
+
+def test_workers_run_a_guarded_scripts_top_level_as_grains_do(tmp_path):
+  got = {}
+  for lib in porting.LIBS:
+    d = tmp_path / lib
+    d.mkdir()
+    (d / "registry.py").write_text("REG = {}\n")
+    got[lib] = porting.run_script(_GUARDED, lib, d)
+    runs = len((d / "pids.txt").read_text().split())
+    assert runs == 3, (lib, runs)  # The parent and each of the 2 workers.
+  assert got["loader"] == got["grain"] == ["a", "b", "c", "a"]
