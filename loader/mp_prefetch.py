@@ -86,6 +86,19 @@ def _describe(error: BaseException) -> tuple[str, bytes | None]:
     return text, None
 
 
+def _revived(exc_bytes: bytes | None, where: str) -> BaseException:
+  """A worker's exception as itself (as Grain raises it), noted with `where`; else a WorkerError."""
+  if exc_bytes is not None:
+    try:
+      error = pickle.loads(exc_bytes)
+    except Exception:  # pylint: disable=broad-except
+      error = None
+    if isinstance(error, BaseException):
+      error.add_note(where)
+      return error
+  return WorkerError(where)
+
+
 def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_prefix: str,
                  parent_pid: int) -> None:
   """Worker loop: compute requested chunks until told to stop."""
@@ -120,8 +133,8 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
     computers = [engine.ChunkComputer(ds, threads, cores_share=cores) for ds, threads in leaves]
     if worker_init_fn is not None:
       worker_init_fn(worker_index, num_workers)
-  except BaseException:  # pylint: disable=broad-except
-    conn.send(("fatal", traceback.format_exc()))
+  except BaseException as e:  # pylint: disable=broad-except
+    conn.send(("fatal", *_describe(e)))
     return
   seq = 0
   while True:
@@ -367,7 +380,7 @@ class _WorkerPool:
       except (EOFError, OSError):
         self.raise_dead(w)
       if msg[0] == "fatal":
-        raise WorkerError(f"Worker {w} (pid {proc.pid}) failed to start:\n{msg[1]}")
+        raise _revived(msg[2], f"Worker {w} (pid {proc.pid}) failed to start:\n{msg[1]}")
       if msg[1] != leaf:
         stash.append(msg)
         continue
@@ -545,17 +558,8 @@ class MultiprocessChunkProducer:
     exception that does not survive pickling becomes a WorkerError.
     """
     text, exc_bytes = failure
-    where = (f"Worker {w} (pid {self._pool.procs[w].pid}) raised while computing element "
-             f"{index} of {self._ds!r}:\n\n{text}")
-    if exc_bytes is not None:
-      try:
-        error = pickle.loads(exc_bytes)
-      except Exception:  # pylint: disable=broad-except
-        error = None
-      if isinstance(error, BaseException):
-        error.add_note(where)
-        return error
-    return WorkerError(where)
+    return _revived(exc_bytes, f"Worker {w} (pid {self._pool.procs[w].pid}) raised while computing element "
+                               f"{index} of {self._ds!r}:\n\n{text}")
 
   def close(self) -> None:
     if not self._detached:

@@ -401,3 +401,19 @@ def test_closing_one_part_keeps_the_shared_pool_for_the_others():
     assert len(pids) == 2
     assert next(second) is not None  # Still served by the shared workers.
   assert not _wait_dead(pids, timeout=10)  # The last part to close stops the pool.
+
+
+def _init_fails(worker_index, num_workers):
+  raise FileNotFoundError(2, "No such file or directory", "vocab.txt")
+
+
+def test_an_exception_while_a_worker_starts_is_raised_as_itself_as_in_grain():
+  ds = loader.MapDataset.range(8).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=2), worker_init_fn=_init_fails)
+  before = shm_segments()
+  with pytest.raises(FileNotFoundError) as info:
+    list(ds)
+  assert info.value.filename == "vocab.txt"
+  note = "\n".join(info.value.__notes__)
+  assert "failed to start" in note and "_init_fails" in note
+  assert shm_segments() <= before
