@@ -494,8 +494,11 @@ class ArrayRecordSource:
     Names rather than paths, so a dataset copied elsewhere (another mount, a
     local copy of a bucket) resumes its checkpoints.
     """
-    names = "\n".join(f"{os.path.basename(p.rstrip('/'))}:{n}" for p, n in zip(self._paths, self._counts.tolist()))
-    return hashlib.sha1(names.encode()).hexdigest()[:8]
+    cached = self.__dict__.get("_files_hash_value")
+    if cached is None:  # Once: checkpoints call repr on every get_state, and sources may have 10k files.
+      names = "\n".join(f"{os.path.basename(p.rstrip('/'))}:{n}" for p, n in zip(self._paths, self._counts.tolist()))
+      cached = self._files_hash_value = hashlib.sha1(names.encode()).hexdigest()[:8]
+    return cached
 
   def __getstate__(self):
     state = self.__dict__.copy()
