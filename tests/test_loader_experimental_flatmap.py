@@ -117,6 +117,31 @@ def test_grain_state_resumes_at_grains_element():
   assert list(ours) == list(theirs)
 
 
+def test_a_restore_inside_an_element_whose_flat_map_then_raises_goes_on_at_the_next_elements_start():
+  fail = {"on": False}
+
+  def flaky(x):
+    if x == 2 and fail["on"]:
+      raise RuntimeError("bad element")
+    return [x, -x, 10 * x]
+
+  make = lambda: experimental.FlatMapIterDataset(loader.MapDataset.range(4).to_iter_dataset(), flaky)
+  it = iter(make())
+  for _ in range(8):  # Up to the middle of element 2's splits.
+    next(it)
+  state = it.get_state()
+  fail["on"] = True
+  restored = iter(make())
+  restored.set_state(state)
+  with pytest.raises(RuntimeError, match="bad element"):
+    next(restored)
+  after = restored.get_state()
+  assert list(restored) == [3, -3, 30]  # Element 3 whole: the skip into element 2 does not carry over.
+  again = iter(make())
+  again.set_state(after)
+  assert list(again) == [3, -3, 30]
+
+
 def test_an_element_whose_flat_map_raises_is_consumed_as_in_grain():
   calls = {"n": 0}
 

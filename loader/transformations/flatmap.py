@@ -146,8 +146,9 @@ class _FlatMapIterator(iter_lib.DatasetIterator[T]):
         self._buffer = _as_sequence(self._flat_map(x))
       except Exception:
         # As in Grain, an element whose flat_map raises is consumed: the
-        # state and the next call go on after it.
+        # state and the next call go on after it, from its first split.
         self._parent_state = state_lib.strip(self._parent.get_state())
+        self._next = 0
         raise
     x = self._buffer[self._next]
     self._next += 1
