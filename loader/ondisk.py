@@ -83,13 +83,14 @@ def join(directory: str, name: str) -> str:
   return directory.rstrip("/") + "/" + name
 
 
-def _absolute(path: str) -> str:
+def absolute(path: str) -> str:
+  """`path` as paths are compared: local ones absolute and normalised, URIs without a trailing '/'."""
   return os.path.abspath(path) if is_local(path) else path.rstrip("/")
 
 
 def to_stored(directory: str, path: str) -> str:
   """How a manifest stores `path`: relative to `directory` if inside it, else as is."""
-  base, full = _absolute(directory), _absolute(path)
+  base, full = absolute(directory), absolute(path)
   if split_uri(base)[0] != split_uri(full)[0]:
     return path
   if is_local(full):
@@ -175,10 +176,9 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
 def unfinished_run_message(path: str, manifest: dict[str, Any]) -> str:
   """One line for the marker of an unfinished run: who wrote it and what to rerun."""
   run = manifest.get("run") if isinstance(manifest.get("run"), dict) else {}
-  pid, start, host = run.get("pid"), run.get("process_start"), run.get("host")
+  pid, host = run.get("pid"), run.get("host")
   who = f"pid {pid} on host {host}, started {run.get('started')}"
-  alive = (is_alive(Owner(pid, start if isinstance(start, int) else 0, host))
-           if isinstance(pid, int) and isinstance(host, str) else False)
+  alive = recorded_process_alive(run)
   if alive and pid == os.getpid() and host == _hostname():
     alive = False  # A pipeline run in this very process, which has returned or raised.
   if alive:
@@ -338,6 +338,17 @@ def is_alive(owner: Owner) -> bool | None:
   return not (owner.start and start and start != owner.start)  # Else the pid was reused.
 
 
+def recorded_process_alive(info: dict[str, Any]) -> bool | None:
+  """`is_alive` of the process a lock file or a run marker records (pid, process_start, host).
+
+  False when the record names no usable pid and host.
+  """
+  pid, start, host = info.get("pid"), info.get("process_start"), info.get("host")
+  if not (isinstance(pid, int) and isinstance(host, str)):
+    return False
+  return is_alive(Owner(pid, start if isinstance(start, int) else 0, host))
+
+
 # ---------------------------------------------------------------- temp files
 
 _TEMP_RE = re.compile(r"^\.(?P<base>.+)\.tmp-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]+@(?P<host>[^/@]+)$")
@@ -477,9 +488,7 @@ class LockedError(RuntimeError):
       who = (f"pid {holder.get('pid')} on host {holder.get('host')}, started "
              f"{holder.get('started')}")
       stop = f"stop it (`kill {holder.get('pid')}` on {holder.get('host')})"
-      pid, start, host = holder.get("pid"), holder.get("process_start"), holder.get("host")
-      if isinstance(pid, int) and isinstance(host, str) and \
-          is_alive(Owner(pid, start if isinstance(start, int) else 0, host)) is False:
+      if recorded_process_alive(holder) is False:
         # Its worker processes inherited the lock and die with it: moments, not minutes.
         super().__init__(
             f"{directory} is still locked by the worker processes of a conversion whose main process "

@@ -32,8 +32,8 @@ S = TypeVar("S")
 class _ParentPositionIterator(DatasetIterator[T]):
   """An iterator that holds nothing between calls: its position is its parent's.
 
-  Its __next__ resets the parent to where it started when it fails, so the
-  parent's state always points at the next element this iterator will read.
+  What its __next__ read from the parent is consumed even when it fails (as in
+  Grain), so the parent's state always points at the next element it will read.
   """
 
   @property

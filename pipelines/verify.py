@@ -19,6 +19,7 @@ from converter import (ConversionError, RecordDigest, TFRecordReader, common_dir
 from converter import writer as _writer
 from converter.errors import CorruptRecordError
 from converter.manifest import ManifestError, array_record_digest, manifest_path
+from loader import ondisk
 from pipelines import cli
 
 PROG = "arrayrecord-verify"
@@ -122,31 +123,26 @@ def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
   inputs = expand_patterns(patterns, skip_under=output_dir)
   root = common_dir(inputs)
   manifest = read_manifest(output_dir)
-  known = {_norm(i): entry for i, entry in _manifest_outputs(manifest or {}).items()}
+  known = {ondisk.absolute(i): entry for i, entry in _manifest_outputs(manifest or {}).items()}
   # The manifest knows where each input went, which naming alone cannot tell
   # when only some of the converted patterns are checked (another common dir).
-  outputs = [known[_norm(i)][0] if _norm(i) in known else output_path(i, root, output_dir, suffix)
+  outputs = [known[ondisk.absolute(i)][0] if ondisk.absolute(i) in known else output_path(i, root, output_dir, suffix)
              for i in inputs]
-  expected = {_norm(o): s for o, s in known.values()}
-  listed = {_norm(s["output"]) for s in (manifest or {}).get("shards", [])}
+  expected = {ondisk.absolute(o): s for o, s in known.values()}
+  listed = {ondisk.absolute(s["output"]) for s in (manifest or {}).get("shards", [])}
   path = manifest_path(output_dir)
 
   def check(io: tuple[str, str]) -> ShardCheck:
     inp, out = io
-    if manifest is not None and _norm(out) not in listed:
+    if manifest is not None and ondisk.absolute(out) not in listed:
       # Readers of the directory go by the manifest: this shard is not in the dataset.
       return ShardCheck(input=inp, output=out, problem=(
           f"not listed in {path}, so readers of the dataset leave it out (input {inp}); rerun the "
           "conversion with --skip-existing to rewrite the manifest"))
-    return check_shard(inp, out, expected.get(_norm(out)), compression, on_corrupt)
+    return check_shard(inp, out, expected.get(ondisk.absolute(out)), compression, on_corrupt)
   # Reading releases the GIL in the ArrayRecord reader and crc32c.
   with concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
     return list(pool.map(check, zip(inputs, outputs)))
-
-
-def _norm(path: str) -> str:
-  """A path as compared here: local paths absolute and normalised (manifests store them relative)."""
-  return os.path.abspath(path) if _writer.is_local(path) else path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
