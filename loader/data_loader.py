@@ -347,7 +347,8 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
       # same sampler and source resume after the same records.
       self._set_position(self._data_loader._grain_consumed(state), "state saved with other operations")  # pylint: disable=protected-access
       return
-    for key, mine in differ:
+    if differ:
+      key, mine = differ[0]
       raise ValueError(f"DataLoader state is for another pipeline: {key} {state.get(key)!r} != this "
                        f"DataLoader's {mine!r}.")
     if version == _STATE_VERSION and "last_seen_indices" in state:
