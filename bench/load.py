@@ -449,15 +449,20 @@ def _count_fn(spec: dict) -> Callable[[Any], int]:
   return _count_records
 
 
+def _pull_for(it, seconds: float) -> None:
+  """Pulls batches for `seconds` (the warm-up before a measured window)."""
+  end = time.perf_counter() + seconds
+  while time.perf_counter() < end:
+    next(it)
+
+
 def _measure_iterator(it, count, *, seconds: float, warmup: float, t0: float, batch_times: bool) -> dict:
   first = next(it)
   t1 = time.perf_counter() - t0
   for _ in range(BATCHES_TO_TIME - 1):
     next(it)
   t20 = time.perf_counter() - t0
-  warm_end = time.perf_counter() + warmup
-  while time.perf_counter() < warm_end:
-    next(it)
+  _pull_for(it, warmup)
   cpu0, w0 = common.tree_cpu_seconds(), time.perf_counter()
   n = batches = 0
   while True:
@@ -530,9 +535,7 @@ def _run_slice_member(spec: dict, counter_path: str) -> dict:
   try:
     for _ in range(BATCHES_TO_TIME):
       next(it)
-    warm_end = time.perf_counter() + spec["warmup"]
-    while time.perf_counter() < warm_end:
-      next(it)
+    _pull_for(it, spec["warmup"])
     counter.set_ready()
     while not counter.stop_requested:
       counter.add(count(next(it)))
