@@ -140,8 +140,17 @@ class _BatchIterator(_ParentPositionIterator[S]):
     self._batch_size = batch_size
     self._drop_remainder = drop_remainder
     self._batch_fn = batch_fn
+    # A parent that can stack its next rows itself (packing) saves a dict per
+    # row and an np.stack per feature; the batches are the same.
+    self._stacked_rows = (parent.stacked_rows if batch_fn is batching.make_batch
+                          and getattr(parent, "stacks_like_batch", False) else None)
 
   def __next__(self) -> S:
+    if self._stacked_rows is not None:
+      out = self._stacked_rows(self._batch_size)
+      if out is None or (self._drop_remainder and len(next(iter(out.values()))) < self._batch_size):
+        raise StopIteration
+      return out
     # As in Grain, an element's error consumes the elements read for this
     # batch so far; the next call starts a new batch after the failed one.
     values = []

@@ -136,6 +136,58 @@ def test_bin_packing_equals_grain(op, case):
 
 
 @pytest.mark.parametrize("op", ["first_fit", "best_fit"])
+@pytest.mark.parametrize("case", ["no_shuffle", "seeded_shuffle_grouped", "alignment_padding_max_sequences",
+                                  "multidim_and_scalar_features", "final_partial_window", "many_bins"])
+@pytest.mark.parametrize("batch_size,drop_remainder", [(1, False), (2, False), (3, True), (5, False), (7, True)])
+def test_default_batch_after_packing_equals_grain(op, case, batch_size, drop_remainder):
+  # batch() right after packing stacks whole runs of rows at once (stacked_rows);
+  # the batches must be Grain's: rows within and across windows, the remainder.
+  kwargs = dict(BIN_CASES[case])
+  elements = kwargs.pop("elements")(0)
+  grain_op, our_op = OPS[op]
+  theirs = list(grain_op()(grain.MapDataset.source(elements).to_iter_dataset(), **kwargs)
+                .batch(batch_size, drop_remainder=drop_remainder))
+  ours_ds = our_op(loader.MapDataset.source(elements).to_iter_dataset(), **kwargs).batch(
+      batch_size, drop_remainder=drop_remainder)
+  assert len(theirs) >= (0 if case == "final_partial_window" else 2)
+  assert_streams_equal(list(ours_ds), theirs)
+  assert_restore_at_every_step_gives_same_stream(lambda: our_op(
+      loader.MapDataset.source(elements).to_iter_dataset(), **kwargs).batch(batch_size, drop_remainder=drop_remainder))
+
+
+def test_batch_after_packing_consumes_the_rows_read_before_an_error():
+  # As with batch over next(): an error while filling a window loses the rows
+  # this batch already took, and the next batch goes on after the failure.
+  def make(lib, experimental, fail_at):
+    def check(x):
+      if int(x["inputs"][0]) == fail_at:
+        raise ValueError("bad element")
+      return x
+    elements = [{"inputs": np.full(n, i, np.int32)} for i, n in enumerate([3, 4, 2, 5, 3, 6, 1, 4, 5, 2, 3, 6])]
+    ds = lib.MapDataset.source(elements).to_iter_dataset().map(check)
+    ds = experimental.FirstFitPackIterDataset(ds, length_struct={"inputs": 8}, num_packing_bins=2, seed=3)
+    return ds.batch(3)
+
+  def run(ds):
+    out, it = [], iter(ds)
+    for _ in range(12):
+      try:
+        out.append(next(it))
+      except StopIteration:
+        break
+      except ValueError as e:
+        out.append(str(e))
+    return out
+
+  for fail_at in (2, 5, 9):
+    theirs = run(make(grain, grain.experimental, fail_at))
+    ours = run(make(loader, loader.experimental, fail_at))
+    assert [type(x) for x in ours] == [type(x) for x in theirs]
+    assert "bad element" in ours
+    assert_streams_equal([x for x in ours if isinstance(x, dict)], [x for x in theirs if isinstance(x, dict)])
+
+
+@pytest.mark.parametrize("op", ["first_fit", "best_fit"])
 def test_element_longer_than_length_raises_like_grain(op):
   elements = ragged(20, 0, {"inputs": (1, 6, np.int32)})
   elements[13]["inputs"] = np.arange(1, 10, dtype=np.int32)  # 9 > 8.

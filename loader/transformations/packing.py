@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from loader import checks
 from loader import iter_dataset
 from loader import state as state_lib
@@ -45,6 +47,9 @@ class _PackIterator(iter_dataset.DatasetIterator):
     self._group_by_feature = group_by_feature
     self._owner = owner
     self._cache = packing_utils.WindowCache()
+    # Meta features outside length_struct are per-row lists, which `batch`
+    # nests differently from a fancy-indexed object array.
+    self.stacks_like_batch = not spec.other_meta
     self._reset(state_lib.strip(parent.get_state()), skip=0, rows_before=0, next_row=0)
 
   def _reset(self, anchor: dict[str, Any], *, skip: int, rows_before: int, next_row: int) -> None:
@@ -117,6 +122,13 @@ class _PackIterator(iter_dataset.DatasetIterator):
         self._finish_window(element, start)
         return
 
+  def _advance(self, rows: int) -> None:
+    self._next_row += rows
+    if self._next_row >= self._num_rows:
+      self._rows_before += self._num_rows
+      self._window_start = self._next_start
+      self._batch, self._order, self._next_row = None, None, 0
+
   def __next__(self) -> dict[str, Any]:
     if self._closed:
       raise ValueError("This iterator was closed; create a new one with iter(dataset).")
@@ -124,12 +136,34 @@ class _PackIterator(iter_dataset.DatasetIterator):
       self._fill()
     r = self._next_row if self._order is None else self._order[self._next_row]
     out = {k: v[r] for k, v in self._batch.items()}
-    self._next_row += 1
-    if self._next_row >= self._num_rows:
-      self._rows_before += self._num_rows
-      self._window_start = self._next_start
-      self._batch, self._order, self._next_row = None, None, 0
+    self._advance(1)
     return out
+
+  def stacked_rows(self, count: int) -> dict[str, Any] | None:
+    """The next `count` rows (fewer at the end) stacked as `batch` would, or None at the end.
+
+    `batch` right after packing calls this instead of `next()` per row: one
+    fancy-indexing copy per feature and window instead of a dict per row and
+    an `np.stack`. Errors consume what was read, as `batch` over `next()` does.
+    """
+    if self._closed:
+      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+    pieces = []
+    while count:
+      if self._batch is None:
+        try:
+          self._fill()
+        except StopIteration:
+          break
+      take = min(count, self._num_rows - self._next_row)
+      rows = (np.arange(self._next_row, self._next_row + take) if self._order is None
+              else np.asarray(self._order[self._next_row:self._next_row + take]))
+      pieces.append({k: v[rows] for k, v in self._batch.items()})
+      self._advance(take)
+      count -= take
+    if len(pieces) <= 1:
+      return pieces[0] if pieces else None
+    return {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
 
 
 class _PackIterDataset(iter_dataset.SequentialIterDataset):
