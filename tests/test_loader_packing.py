@@ -82,6 +82,19 @@ def ragged(n: int, seed: int, lengths: dict, *, scalars: tuple = (), extra: bool
 
 # ---- First-fit / best-fit --------------------------------------------------------
 
+
+def mostly_equal_lengths(n: int, seed: int) -> list[dict]:
+  """inputs/targets of equal length (one shared layout), but every 9th element differs."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    k = int(rng.integers(1, 9))
+    x = rng.integers(1, 1000, size=k + 1).astype(np.int32)
+    targets = x[1:] if i % 9 != 5 else x[2:]
+    out.append({"inputs": x[:-1], "targets": targets})
+  return out
+
+
 BIN_CASES = {
     "dict_features_and_meta": dict(
         elements=lambda s: ragged(80, s, {"inputs": (0, 11, np.int32), "targets": (1, 9, np.int64),
@@ -118,6 +131,10 @@ BIN_CASES = {
     "few_bins_zero_lengths_max_sequences": dict(
         elements=lambda s: ragged(100, s, {"inputs": (0, 6, np.int32)}),
         length_struct={"inputs": 10}, num_packing_bins=5, max_sequences_per_bin=2),
+    # While lengths agree across features the window keeps one layout; the
+    # element that breaks it gives each feature its own, mid-window.
+    "equal_lengths_then_one_differs": dict(
+        elements=lambda s: mostly_equal_lengths(60, s), length_struct={"inputs": 12, "targets": 12}, num_packing_bins=4),
     "one_bin": dict(
         elements=lambda s: ragged(30, s, {"inputs": (1, 6, np.int32)}),
         length_struct={"inputs": 8}, num_packing_bins=1),
@@ -137,6 +154,7 @@ def test_bin_packing_equals_grain(op, case):
 
 @pytest.mark.parametrize("op", ["first_fit", "best_fit"])
 @pytest.mark.parametrize("case", ["no_shuffle", "seeded_shuffle_grouped", "alignment_padding_max_sequences",
+                                  "equal_lengths_then_one_differs",
                                   "multidim_and_scalar_features", "final_partial_window", "many_bins"])
 @pytest.mark.parametrize("batch_size,drop_remainder", [(1, False), (2, False), (3, True), (5, False), (7, True)])
 def test_default_batch_after_packing_equals_grain(op, case, batch_size, drop_remainder):

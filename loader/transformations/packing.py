@@ -85,15 +85,19 @@ class _PackIterator(iter_dataset.DatasetIterator):
     self._reset(anchor, skip=skip, rows_before=counter - next_row, next_row=next_row)
 
   def _finish_window(self, next_element: Any, next_start: tuple[dict[str, Any], int]) -> None:
-    batch = self._filling.packed_batch()
-    self._num_rows = len(batch[self._spec.output_keys[0]])
+    self._num_rows = self._filling.num_rows
     if self._next_row >= self._num_rows:
       raise ValueError(
           f"{self._owner}.set_state: the state points at row {self._next_row} of a packed window that "
           f"has {self._num_rows} rows; was it saved from a different pipeline or input?")
-    if self._shuffle_bins:
-      self._order = packing_utils.row_order(batch, self._num_rows, self._seed + self._rows_before,
-                                            self._group_by_feature)
+    seed = self._seed + self._rows_before
+    if self._shuffle_bins and self._group_by_feature is None:
+      # Written in emission order, so `_order` stays None and batches slice it.
+      batch = self._filling.packed_batch(packing_utils.shuffled_rows(self._num_rows, seed))
+    else:
+      batch = self._filling.packed_batch()
+      if self._shuffle_bins:
+        self._order = packing_utils.row_order(batch, self._num_rows, seed, self._group_by_feature)
     self._batch = batch
     self._next_start = next_start
     self._filling = None
@@ -156,7 +160,8 @@ class _PackIterator(iter_dataset.DatasetIterator):
         except StopIteration:
           break
       take = min(count, self._num_rows - self._next_row)
-      rows = (np.arange(self._next_row, self._next_row + take) if self._order is None
+      # Slices view the window's arrays, which nothing else holds or writes.
+      rows = (slice(self._next_row, self._next_row + take) if self._order is None
               else np.asarray(self._order[self._next_row:self._next_row + take]))
       pieces.append({k: v[rows] for k, v in self._batch.items()})
       self._advance(take)

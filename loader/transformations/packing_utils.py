@@ -152,6 +152,15 @@ class PackingWindow:
     self._used = [[0] * num_bins for _ in range(num_features)]  # Next free cell (aligned) per row.
     self._count = [0] * num_bins  # Elements per row.
     self._vectorised = num_bins > _PY_SCAN_MAX_BINS
+    # The common case (MaxText's inputs/targets: no alignment, no sequence
+    # cap, equal lengths) takes a lean path. While every element so far had
+    # the same length in every feature, all features share one layout: one
+    # `used` list (aliased) to scan, and one set of segment ids/positions.
+    self._simple = not self._vectorised and spec.max_sequences_per_bin is None and not any(
+        a != 1 for a in spec.alignments) and not spec.other_meta
+    self._shared = self._simple and len(set(spec.capacities)) == 1
+    if self._shared:
+      self._used = [self._used[0]] * num_features
     if self._vectorised:
       self._used_np = np.zeros((num_features, num_bins), dtype=np.int64)
       self._count_np = np.zeros(num_bins, dtype=np.int64)
@@ -238,8 +247,80 @@ class PackingWindow:
     row = int(fit.argmax())
     return row if fit[row] else -1
 
+  def _unshare(self) -> None:
+    """Gives each feature its own layout (an element's lengths differ across features)."""
+    self._shared = False
+    self._used = [list(self._used[0]) for _ in self._used]
+    num_features = len(self._used)
+    self._row_elements = [[(segment, [start] * num_features, [n] * num_features, values)
+                           for segment, start, n, values in row] for row in self._row_elements]
+
+  def _try_add_simple(self, element: Any) -> bool:
+    """`try_add` without alignment, sequence caps or per-row meta lists.
+
+    While the window is shared, a row's elements are kept as (segment, start,
+    length, values) with one start and length for all features; this path
+    runs per element, so it allocates as few containers as it can.
+    """
+    spec = self._spec
+    try:
+      values = [element[k] for k in spec.keys]
+    except KeyError as e:
+      raise _missing(element, e.args[0], spec) from None
+    if self._shared:
+      first = values[0]
+      n = len(first) if type(first) is np.ndarray and first.ndim else _length(first)  # pylint: disable=unidiomatic-typecheck
+      for v in values:
+        if (len(v) if type(v) is np.ndarray and v.ndim else _length(v)) != n:  # pylint: disable=unidiomatic-typecheck
+          self._unshare()
+          break
+    if not self._shared:
+      return self._add_unshared(values)
+    limit = spec.capacities[0] - n
+    if limit < 0:
+      raise self._too_long([n] * len(values))
+    used = self._used[0]
+    row = -1
+    if spec.best_fit:
+      # Grain's score sums the used cells over features: the same order as one feature's.
+      best = -1
+      for r, u in enumerate(used):
+        if best < u <= limit:
+          row, best = r, u
+    else:
+      for r, u in enumerate(used):
+        if u <= limit:
+          row = r
+          break
+    if row < 0:
+      return False
+    start = used[row]
+    used[row] = start + n
+    segment = self._count[row] + 1
+    self._count[row] = segment
+    self._row_elements[row].append((segment, start, n, values))
+    return True
+
+  def _add_unshared(self, values: list[Any]) -> bool:
+    lengths = [len(v) if type(v) is np.ndarray and v.ndim else _length(v)  # pylint: disable=unidiomatic-typecheck
+               for v in values]
+    if any(n > c for n, c in zip(lengths, self._spec.capacities)):
+      raise self._too_long(lengths)
+    row = self._find_row_scan(lengths)
+    if row < 0:
+      return False
+    starts = [u[row] for u in self._used]
+    for u, start, n in zip(self._used, starts, lengths):
+      u[row] = start + n
+    segment = self._count[row] + 1
+    self._count[row] = segment
+    self._row_elements[row].append((segment, starts, lengths, values))
+    return True
+
   def try_add(self, element: Any) -> bool:
     """Places `element` in a row; False if it fits in none (the window is full)."""
+    if self._simple:
+      return self._try_add_simple(element)
     spec = self._spec
     values, lengths = [], []
     try:
@@ -276,7 +357,13 @@ class PackingWindow:
         raise _missing(element, k, spec) from None
     return True
 
-  def _runs(self, f: int, pad: np.ndarray, with_ids: bool) -> tuple[list[Any], list[Any], list[int], list[int]]:
+  @property
+  def num_rows(self) -> int:
+    """Rows holding at least one element; they come first (an empty row is only used when no other fits)."""
+    return sum(1 for c in self._count if c > 0)
+
+  def _runs(self, f: int, pad: np.ndarray, with_ids: bool,
+            rows: Sequence[list[Any]]) -> tuple[list[Any], list[Any], list[int], list[int]]:
     """Feature f's rows as consecutive runs of elements and padding (alignment gaps, row tails).
 
     Returns the value parts (padding viewing `pad`), the position parts (views
@@ -287,10 +374,11 @@ class PackingWindow:
     trailing = self._buffer_specs[f][1]
     counting, zeros = self._cache.positions(length)
     parts, position_parts, run_segments, run_lengths = [], [], [], []
-    for row_elements in self._row_elements:
+    shared = self._shared
+    for row_elements in rows:
       pos = 0
       for segment, starts, lengths, values in row_elements:
-        start, n = starts[f], lengths[f]
+        start, n = (starts, lengths) if shared else (starts[f], lengths[f])
         if start > pos:
           parts.append(pad[:start - pos])
           run_segments.append(0)
@@ -311,35 +399,49 @@ class PackingWindow:
           position_parts.append(zeros[:length - pos])
     return parts, position_parts, run_segments, run_lengths
 
-  def packed_batch(self) -> dict[str, np.ndarray]:
+  def packed_batch(self, order: Sequence[int] | None = None) -> dict[str, np.ndarray]:
     """The packed rows that hold at least one element, as Grain returns them.
+
+    With `order` (a permutation of the non-empty rows), output row i is row
+    `order[i]`: a shuffled window is written in its emission order, so the
+    batches after it are slices rather than gathered copies.
 
     Each output array is allocated once and written by one numpy call: every
     cell belongs to exactly one run, so nothing needs zero-filling first.
     """
     spec = self._spec
-    num_rows = sum(1 for c in self._count if c > 0)
+    num_rows = self.num_rows
     num_bins = spec.num_bins
+    rows = self._row_elements
+    if order is not None:
+      rows = [rows[r] for r in order] + rows[num_rows:]
     out: dict[str, Any] = {}
+    layout = None  # A shared window's segment ids and positions, computed once.
     for f, key in enumerate(spec.keys):
       length = spec.capacities[f]
       dtype, trailing = self._buffer_specs[f]
       with_ids = key not in spec.sequence_meta
       pad = self._cache.padding(f, length, dtype, trailing, spec.paddings[f])
-      parts, position_parts, run_segments, run_lengths = self._runs(f, pad, with_ids)
+      parts, position_parts, run_segments, run_lengths = self._runs(f, pad, with_ids and layout is None, rows)
       values = np.empty((num_bins, length, *trailing), dtype)
       np.concatenate(parts, out=values.reshape(num_bins * length, *trailing), casting="unsafe")
       out[key] = values[:num_rows]
       if with_ids:
-        segment_ids = np.repeat(np.asarray(run_segments, dtype=np.int32), run_lengths)
-        positions = np.empty((num_bins, length), np.int32)
-        np.concatenate(position_parts, out=positions.reshape(-1))
-        out[f"{key}_segment_ids"] = segment_ids.reshape(num_bins, length)[:num_rows]
-        out[f"{key}_positions"] = positions[:num_rows]
+        if layout is None:
+          segment_ids = np.repeat(np.asarray(run_segments, dtype=np.int32), run_lengths)
+          positions = np.empty((num_bins, length), np.int32)
+          np.concatenate(position_parts, out=positions.reshape(-1))
+          segment_ids, positions = segment_ids.reshape(num_bins, length)[:num_rows], positions[:num_rows]
+          if self._shared:
+            layout = segment_ids, positions
+        else:
+          segment_ids, positions = layout[0].copy(), layout[1].copy()
+        out[f"{key}_segment_ids"] = segment_ids
+        out[f"{key}_positions"] = positions
     for k in spec.other_meta:
       per_row = np.empty(num_rows, dtype=object)
       for i in range(num_rows):
-        per_row[i] = self._meta[k][i]
+        per_row[i] = self._meta[k][i if order is None else order[i]]
       out[k] = per_row
     return {k: out[k] for k in spec.output_keys}
 
@@ -378,11 +480,16 @@ def _as_rows(v: Any, trailing: tuple[int, ...]) -> Any:
   return np.asarray(v)
 
 
+def shuffled_rows(num_rows: int, seed: int) -> np.ndarray:
+  """Grain's emission order of shuffled bins: a seeded permutation."""
+  return np.random.default_rng(seed).permuted(range(num_rows))
+
+
 def row_order(batch: Mapping[str, np.ndarray], num_rows: int, seed: int,
               group_by_feature: str | None) -> list[int] | np.ndarray:
-  """Grain's emission order of shuffled bins: a seeded permutation, optionally
+  """Grain's emission order of shuffled bins (`shuffled_rows`), optionally
   stably sorted by the mean of the distinct non-zero values of a feature."""
-  order = np.random.default_rng(seed).permuted(range(num_rows))
+  order = shuffled_rows(num_rows, seed)
   if group_by_feature is None:
     return order
   means = []
