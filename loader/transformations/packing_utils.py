@@ -159,6 +159,7 @@ class PackingWindow:
     self._simple = not self._vectorised and spec.max_sequences_per_bin is None and not any(
         a != 1 for a in spec.alignments) and not spec.other_meta
     self._shared = self._simple and len(set(spec.capacities)) == 1
+    self._all_arrays = True  # Every value added while shared is an array of rows (no _as_rows needed).
     if self._shared:
       self._used = [self._used[0]] * num_features
     if self._vectorised:
@@ -268,12 +269,18 @@ class PackingWindow:
     except KeyError as e:
       raise _missing(element, e.args[0], spec) from None
     if self._shared:
-      first = values[0]
-      n = len(first) if type(first) is np.ndarray and first.ndim else _length(first)  # pylint: disable=unidiomatic-typecheck
+      n = -1
       for v in values:
-        if (len(v) if type(v) is np.ndarray and v.ndim else _length(v)) != n:  # pylint: disable=unidiomatic-typecheck
-          self._unshare()
-          break
+        if type(v) is np.ndarray and v.ndim:  # pylint: disable=unidiomatic-typecheck
+          m = len(v)
+        else:
+          m = _length(v)
+          self._all_arrays = False
+        if n != m:
+          if n >= 0:
+            self._unshare()
+            break
+          n = m
     if not self._shared:
       return self._add_unshared(values)
     limit = spec.capacities[0] - n
@@ -374,11 +381,10 @@ class PackingWindow:
     trailing = self._buffer_specs[f][1]
     counting, zeros = self._cache.positions(length)
     parts, position_parts, run_segments, run_lengths = [], [], [], []
-    shared = self._shared
     for row_elements in rows:
       pos = 0
       for segment, starts, lengths, values in row_elements:
-        start, n = (starts, lengths) if shared else (starts[f], lengths[f])
+        start, n = starts[f], lengths[f]
         if start > pos:
           parts.append(pad[:start - pos])
           run_segments.append(0)
@@ -399,6 +405,33 @@ class PackingWindow:
           position_parts.append(zeros[:length - pos])
     return parts, position_parts, run_segments, run_lengths
 
+  def _shared_runs(self, pads: list[np.ndarray], rows: Sequence[list[Any]]
+                   ) -> tuple[list[list[Any]], list[Any], list[int], list[int]]:
+    """`_runs` of every feature at once, for a shared layout (no gaps inside a row)."""
+    length = self._spec.capacities[0]
+    counting, zeros = self._cache.positions(length)
+    parts = [[] for _ in pads]
+    position_parts, run_segments, run_lengths = [], [], []
+    for row_elements in rows:
+      pos = 0
+      for segment, _, n, values in row_elements:
+        for p, v in zip(parts, values):
+          p.append(v)
+        run_segments.append(segment)
+        run_lengths.append(n)
+        position_parts.append(counting[:n])
+        pos += n
+      if pos < length:
+        tail = length - pos
+        for p, pad in zip(parts, pads):
+          p.append(pad[:tail])
+        run_segments.append(0)
+        run_lengths.append(tail)
+        position_parts.append(zeros[:tail])
+    if not self._all_arrays:
+      parts = [[_as_rows(v, spec[1]) for v in p] for p, spec in zip(parts, self._buffer_specs)]
+    return parts, position_parts, run_segments, run_lengths
+
   def packed_batch(self, order: Sequence[int] | None = None) -> dict[str, np.ndarray]:
     """The packed rows that hold at least one element, as Grain returns them.
 
@@ -416,13 +449,19 @@ class PackingWindow:
     if order is not None:
       rows = [rows[r] for r in order] + rows[num_rows:]
     out: dict[str, Any] = {}
+    pads = [self._cache.padding(f, length, dtype, trailing, spec.paddings[f])
+            for f, (length, (dtype, trailing)) in enumerate(zip(spec.capacities, self._buffer_specs))]
+    if self._shared:
+      shared_parts, position_parts, run_segments, run_lengths = self._shared_runs(pads, rows)
     layout = None  # A shared window's segment ids and positions, computed once.
     for f, key in enumerate(spec.keys):
       length = spec.capacities[f]
       dtype, trailing = self._buffer_specs[f]
       with_ids = key not in spec.sequence_meta
-      pad = self._cache.padding(f, length, dtype, trailing, spec.paddings[f])
-      parts, position_parts, run_segments, run_lengths = self._runs(f, pad, with_ids and layout is None, rows)
+      if self._shared:
+        parts = shared_parts[f]
+      else:
+        parts, position_parts, run_segments, run_lengths = self._runs(f, pads[f], with_ids, rows)
       values = np.empty((num_bins, length, *trailing), dtype)
       np.concatenate(parts, out=values.reshape(num_bins * length, *trailing), casting="unsafe")
       out[key] = values[:num_rows]
