@@ -239,6 +239,18 @@ _SPLIT_SECONDS_PER_RECORD = 50e-6
 # sleeps) and may use all `num_threads`; work that computes uses at most its
 # share of the cores.
 _WAITING_CPU_SHARE = 0.5
+# A computing split whose threads keep fewer cores than this busy gains
+# nothing (the work holds the GIL, as pure-Python maps do) and costs GIL
+# hand-offs: the next chunks stay whole, and every _REPROBE_CHUNKS-th one is
+# split again in case the work or the machine changed.
+_MIN_SPLIT_CORES = 1.25
+_REPROBE_CHUNKS = 16
+# Before computing work whose elements hold many records (a folded batch) is
+# first split, two threads each compute this many records of the per-record
+# dataset side by side: whether they ran in parallel shows in tens of ms
+# rather than in a whole split chunk (which runs slower than one thread when
+# the work holds the GIL). Those records are computed again in their chunk.
+_PROBE_RECORDS = 32
 
 
 def _timed(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tuple[list[Any], Exception | None, float, float]:
@@ -260,7 +272,9 @@ class ChunkComputer:
   `num_threads` of them when the work waits (I/O), at most `cores_share`
   when it computes. A split chunk measures the CPU its threads used against
   its elapsed time, so threads that contend for the GIL or the cores are not
-  mistaken for waiting ones. The first element is computed alone first, so
+  mistaken for waiting ones; computing threads that keep fewer than
+  `_MIN_SPLIT_CORES` cores busy leave the next chunks whole (re-probed every
+  `_REPROBE_CHUNKS` chunks). The first element is computed alone first, so
   the first chunk is split, or not, on a measurement. Slicing never changes
   which elements are computed, only where.
   """
@@ -273,14 +287,46 @@ class ChunkComputer:
     self._records = max(1, ds._records_per_element)  # pylint: disable=protected-access
     self._cost: float | None = None  # Seconds of per-element work per record, one thread.
     self._waits = False
+    self._whole_left = 0  # Chunks still computed whole after a split that did not pay.
+    self._probed = False
     self._lock = threading.Lock()
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
     self._closed = False
 
   def _slices(self, n: int) -> int:
+    """Slices for the next chunk of n elements (counts a chunk left whole after a split that did not pay)."""
     if self._threads <= 1 or n <= 1 or self._cost is None or self._cost < _SPLIT_SECONDS_PER_RECORD:
       return 1
-    return min(n, self._threads if self._waits else min(self._threads, self._cores))
+    if self._waits:
+      return min(n, self._threads)
+    if self._whole_left > 0:
+      self._whole_left -= 1
+      return 1
+    return min(n, self._threads, self._cores)
+
+  def _probe(self, start: int) -> None:
+    """Splits `_PROBE_RECORDS` x 2 records of the per-record dataset (see there) and learns from it."""
+    base = self._ds
+    while base._records_per_element > 1 and base._parents:  # pylint: disable=protected-access
+      base = base._parent  # pylint: disable=protected-access
+    pool = self._thread_pool()
+    if base is self._ds or pool is None:  # Per-record elements: the first split is small anyway.
+      return
+    first = start * self._records
+    t0 = time.perf_counter()
+    try:
+      futures = [pool.submit(_timed, base, first + i * _PROBE_RECORDS, first + (i + 1) * _PROBE_RECORDS)
+                 for i in range(2)]
+    except RuntimeError:  # Closed meanwhile: nothing learnt.
+      return
+    cpu = sum(f.result()[3] for f in futures)
+    self._note_split(2, cpu, time.perf_counter() - t0)
+
+  def _note_split(self, slices: int, cpu: float, elapsed: float) -> None:
+    """Learns from a split chunk whether its computing threads ran side by side."""
+    self._waits = cpu < _WAITING_CPU_SHARE * elapsed
+    paid = self._waits or slices < 2 or cpu >= _MIN_SPLIT_CORES * elapsed
+    self._whole_left = 0 if paid else _REPROBE_CHUNKS
 
   def compute(self, start: int, stop: int) -> tuple[list[Any], Exception | None, float]:
     """Elements [start, stop) as `compute_chunk` gives them, and the wall seconds taken."""
@@ -296,6 +342,10 @@ class ChunkComputer:
 
   def _compute(self, start: int, stop: int) -> tuple[list[Any], Exception | None]:
     slices = self._slices(stop - start)
+    if slices > 1 and not self._waits and not self._probed:
+      self._probed = True
+      self._probe(start)
+      slices = self._slices(stop - start)
     pool = self._thread_pool() if slices > 1 else None
     if pool is None:
       with source_lib.parallel_reads(self._read_threads):
@@ -328,11 +378,10 @@ class ChunkComputer:
             later.cancel()
         return elements, error
     if elements:
-      waits = cpu < _WAITING_CPU_SHARE * (time.perf_counter() - t0)
-      self._waits = waits
+      self._note_split(len(futures), cpu, time.perf_counter() - t0)
       # Computing threads: their CPU is the cost (waiting for the GIL is not);
       # waiting ones: their own wall time is.
-      self._cost = (work if waits else cpu) / (len(elements) * self._records)
+      self._cost = (work if self._waits else cpu) / (len(elements) * self._records)
     return elements, None
 
   def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:

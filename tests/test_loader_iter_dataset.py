@@ -231,6 +231,43 @@ def test_an_error_consumes_the_failing_element_and_next_goes_on_as_in_grain(stag
   assert as_list(restored) == reference[len(before) + 1:]
 
 
+def test_computing_splits_that_do_not_run_side_by_side_leave_chunks_whole():
+  computer = engine.ChunkComputer(loader.MapDataset.range(10_000), 4, cores_share=2)
+  computer._cost = 1e-3  # pylint: disable=protected-access  # A costly map, measured.
+  assert computer._slices(100) == 2  # pylint: disable=protected-access  # Computing: at most the cores.
+  # Two threads that kept 1.1 cores busy (a map holding the GIL): whole chunks...
+  computer._note_split(2, cpu=1.1, elapsed=1.0)  # pylint: disable=protected-access
+  assert [computer._slices(100) for _ in range(engine._REPROBE_CHUNKS)] == [1] * engine._REPROBE_CHUNKS  # pylint: disable=protected-access
+  # ...then a split again, to see whether that changed.
+  assert computer._slices(100) == 2  # pylint: disable=protected-access
+  computer._note_split(2, cpu=1.9, elapsed=1.0)  # pylint: disable=protected-access  # Side by side: keep splitting.
+  assert computer._slices(100) == 2  # pylint: disable=protected-access
+  computer._note_split(2, cpu=0.2, elapsed=1.0)  # pylint: disable=protected-access  # Waiting (I/O): every thread.
+  assert computer._slices(100) == 4  # pylint: disable=protected-access
+  computer.close()
+
+
+def test_gil_bound_map_on_threads_gives_the_same_stream():
+  def busy(x):
+    total = 0
+    for i in range(3000):  # ~100 µs of pure Python: holds the GIL.
+      total += i * x
+    return total
+
+  ds = loader.MapDataset.range(3000).shuffle(seed=1).map(busy).batch(16)
+  expected = list(ds.to_iter_dataset(loader.ReadOptions(num_threads=0)))
+  got = list(ds.to_iter_dataset(loader.ReadOptions(num_threads=4)))
+  assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected))
+  # Before the first split of these folded batches, a probe of a few records
+  # on two threads finds that they do not run side by side: chunks stay whole.
+  computer = engine.ChunkComputer(ds, 4, cores_share=2)
+  first, _, _ = computer.compute(0, 1)
+  rest, _, _ = computer.compute(1, 9)
+  assert computer._probed and computer._whole_left > 0  # pylint: disable=protected-access
+  assert all(np.array_equal(a, b) for a, b in zip(first + rest, expected[:9]))
+  computer.close()
+
+
 def test_chunk_sizes_ramp_up_and_adapt_to_cost_bytes_and_workers():
   records = loader.MapDataset.range(1_000_000)
   sizer = engine.ChunkSizer(records.batch(256), None)
