@@ -262,6 +262,20 @@ def _timed(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tuple[list[
   return elements, error, max(0.0, time.perf_counter() - w0 - reads), time.thread_time() - c0
 
 
+_BY_INDEX_SOURCES = (range, list, tuple, np.ndarray)
+
+
+def _reads_by_index(ds: map_dataset_lib.MapDataset) -> bool:
+  """Whether every source under `ds` surely returns the record of the index asked
+  (Python sequences, ours, and array_record's, Grain's and TFDS's batched sources)."""
+  if isinstance(ds, map_dataset_lib.SourceMapDataset):
+    src = ds._source  # pylint: disable=protected-access
+    return type(src) in _BY_INDEX_SOURCES or isinstance(src, source_lib.ArrayRecordSource) or (
+        ds._reader._batched is not None)  # pylint: disable=protected-access
+  parents = ds._parents  # pylint: disable=protected-access
+  return bool(parents) and all(_reads_by_index(p) for p in parents)
+
+
 class ChunkComputer:
   """Computes chunks of one MapDataset, on several threads where elements are costly.
 
@@ -309,8 +323,12 @@ class ChunkComputer:
     base = self._ds
     while base._records_per_element > 1 and base._parents:  # pylint: disable=protected-access
       base = base._parent  # pylint: disable=protected-access
+    # Per-record elements: the first split is small anyway. A user source
+    # could stream (ignore the index), and would lose the probe's records.
+    if base is self._ds or not _reads_by_index(base):
+      return
     pool = self._thread_pool()
-    if base is self._ds or pool is None:  # Per-record elements: the first split is small anyway.
+    if pool is None:
       return
     first = start * self._records
     t0 = time.perf_counter()

@@ -268,6 +268,32 @@ def test_gil_bound_map_on_threads_gives_the_same_stream():
   computer.close()
 
 
+def test_streaming_source_with_threads_and_a_costly_map_loses_no_record():
+  # A source that ignores the index (as MaxText's HFDataSource) must not feed
+  # the split probe, whose records would be read and dropped.
+  class Streaming:
+    def __init__(self, n):
+      self._it, self._n = iter(range(n)), n
+
+    def __len__(self):
+      return self._n
+
+    def __getitem__(self, index):
+      return next(self._it)
+
+  def costly(x):
+    total = 0
+    for i in range(3000):  # ~100 µs of computing: the work that is probed before a split.
+      total += i
+    return x + 0 * total
+
+  ds = loader.MapDataset.source(Streaming(640)).map(costly).batch(32, drop_remainder=True)
+  got = np.concatenate(list(ds.to_iter_dataset(loader.ReadOptions(num_threads=4))))
+  assert sorted(got.tolist()) == list(range(640))
+  assert engine._reads_by_index(loader.MapDataset.range(5).map(costly).batch(2))  # pylint: disable=protected-access
+  assert not engine._reads_by_index(ds)  # pylint: disable=protected-access
+
+
 def test_chunk_sizes_ramp_up_and_adapt_to_cost_bytes_and_workers():
   records = loader.MapDataset.range(1_000_000)
   sizer = engine.ChunkSizer(records.batch(256), None)
