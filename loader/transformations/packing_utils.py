@@ -8,8 +8,11 @@ with it. Placement only records each element's row and start cells (a Python
 scan over the rows for up to `_PY_SCAN_MAX_BINS` bins, numpy above). When the
 window is finished, each feature's rows are laid out as runs (elements and
 padding, in order) and written with one `np.concatenate` into the buffer and
-two `np.repeat`s for segment ids and positions: the cost per token is a copy,
-the cost per element a handful of Python operations.
+one `np.repeat` and one `np.concatenate` for segment ids and positions: the
+cost per token is a copy, the cost per element a handful of Python operations.
+While every element has one length across features (MaxText's inputs and
+targets), the features share one layout: one row scan, and segment ids and
+positions computed once (later features get copies).
 
 The packed batch matches Grain 0.2.18's `FirstFitPackIterDataset` /
 `BestFitPackIterDataset` exactly: same row choice (including Grain's best-fit
