@@ -1,6 +1,7 @@
 """Passing elements between processes with array payloads in shared memory.
 
-A chunk of elements is pickled with protocol 5: numpy arrays hand their
+A chunk of elements is pickled with protocol 5 (many small dict elements
+first as one array per key, see `_Columns`): numpy arrays hand their
 memory out of band, so the pickle stream itself holds only structure (and
 small or object payloads such as bytes). Stream and array buffers are written
 into one POSIX shared-memory segment (one pwritev); only its name travels
@@ -23,6 +24,8 @@ from multiprocessing import resource_tracker
 from multiprocessing import shared_memory
 from typing import Any
 
+import numpy as np
+
 import _posixshmem  # The POSIX shm calls SharedMemory uses, without its copy-on-close rules.
 
 _INLINE_LIMIT = 64 << 10  # Smaller payloads go through the pipe directly.
@@ -35,8 +38,82 @@ def _align(n: int) -> int:
   return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+# A chunk of at least this many dict elements whose arrays average at most
+# _COLUMN_MAX_BYTES travels as one array per key (see _Columns).
+_COLUMN_MIN_ELEMENTS = 16
+_COLUMN_MAX_BYTES = 64 << 10
+
+
+class _Columns:
+  """A list of dicts with the same keys, each key's arrays concatenated into one.
+
+  Receiving an array costs ~2.5 µs (a buffer view, `np.frombuffer`, a
+  reshape) whatever its size; a stream of small elements (tokenized
+  documents: a dict of two ~3 KB arrays) spends most of the consumer's time
+  on that. As columns, each key is one array and each element's value a
+  slice of it (~0.2 µs). The values are equal to the originals: same dtype,
+  shape and C order, writeable, and, as before, views into the received
+  segment. Keys whose values are not all such arrays travel as lists.
+  """
+
+  def __init__(self, elements: list[dict]):
+    self.keys = tuple(elements[0])
+    self.columns: list[Any] = []
+    for k in self.keys:
+      values = [e[k] for e in elements]
+      if _stackable(values):
+        lengths = np.fromiter((v.shape[0] for v in values), np.int64, len(values))
+        self.columns.append((np.concatenate(values), lengths))
+      else:
+        self.columns.append(values)
+
+  def __reduce__(self):
+    return _rebuild_elements, (self.keys, self.columns)
+
+
+def _stackable(values: list[Any]) -> bool:
+  first = values[0]
+  if type(first) is not np.ndarray or first.ndim == 0 or first.dtype.hasobject:  # pylint: disable=unidiomatic-typecheck
+    return False
+  dtype, trailing = first.dtype, first.shape[1:]
+  # Read-only arrays arrive read-only when pickled one by one: they stay so.
+  return all(type(v) is np.ndarray and v.dtype == dtype and v.ndim and v.shape[1:] == trailing  # pylint: disable=unidiomatic-typecheck
+             and v.flags.c_contiguous and v.flags.writeable for v in values)
+
+
+def _rebuild_elements(keys: tuple, columns: list[Any]) -> list[dict]:
+  parts = []
+  for column in columns:
+    if isinstance(column, tuple):
+      joined, lengths = column
+      ends = np.cumsum(lengths).tolist()
+      parts.append([joined[a:b] for a, b in zip([0, *ends], ends)])
+    else:
+      parts.append(column)
+  return [dict(zip(keys, values)) for values in zip(*parts)]
+
+
+def _as_columns(obj: Any) -> Any:
+  """`obj` as _Columns where that pays: many dicts with the same keys and small arrays."""
+  if type(obj) is not list or len(obj) < _COLUMN_MIN_ELEMENTS or type(obj[0]) is not dict:  # pylint: disable=unidiomatic-typecheck
+    return obj
+  keys = list(obj[0])
+  nbytes = arrays = 0
+  for e in obj:
+    if type(e) is not dict or list(e) != keys:  # pylint: disable=unidiomatic-typecheck
+      return obj
+    for v in e.values():
+      if type(v) is np.ndarray:  # pylint: disable=unidiomatic-typecheck
+        nbytes += v.nbytes
+        arrays += 1
+  if not arrays or nbytes > _COLUMN_MAX_BYTES * arrays:
+    return obj
+  return _Columns(obj)
+
+
 def encode(obj: Any, name: str) -> tuple:
   """Serialises `obj`; large payloads land in a new segment called `name`."""
+  obj = _as_columns(obj)
   buffers: list[pickle.PickleBuffer] = []
   data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
   raws = [b.raw() for b in buffers]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import os
 import signal
@@ -287,6 +288,51 @@ def test_ipc_puts_arrays_in_shared_memory_and_small_payloads_inline():
   small = ipc.encode([1, np.arange(3)], "unused")
   assert small[0] == "inline" and ipc.decode(small)[1].tolist() == [0, 1, 2]
 
+
+
+def _assert_same_elements(got, want):
+  assert len(got) == len(want)
+  for g, w in zip(got, want):
+    assert type(g) is type(w) and list(g) == list(w)
+    for k in w:
+      if isinstance(w[k], np.ndarray):
+        assert type(g[k]) is np.ndarray and g[k].dtype == w[k].dtype and g[k].shape == w[k].shape
+        assert g[k].flags.c_contiguous == w[k].flags.c_contiguous
+        assert g[k].flags.writeable == w[k].flags.writeable
+        np.testing.assert_array_equal(g[k], w[k])
+      else:
+        assert type(g[k]) is type(w[k]) and g[k] == w[k]
+
+
+@pytest.mark.parametrize("size", ["inline", "shm"])
+def test_ipc_many_small_dict_elements_travel_as_columns_and_come_back_equal(size):
+  # Tokenized documents: one array per key for the chunk, a slice per element.
+  rng = np.random.default_rng(0)
+  n = 40 if size == "inline" else 400
+  elements = []
+  for i in range(n):
+    tokens = rng.integers(0, 1000, int(rng.integers(0, 60)) + 1).astype(np.int32)
+    elements.append({"inputs": tokens[:-1], "targets": tokens[1:],
+                     "patch": rng.random((len(tokens) - 1, 2, 3)).astype(np.float16),
+                     "frozen": np.frombuffer(bytes(range(i % 7 + 1)), np.uint8),  # Read-only stays read-only.
+                     "mixed": np.arange(3) if i % 2 else None, "id": i, "text": b"doc\x00"})
+  assert isinstance(ipc._as_columns(elements), ipc._Columns)  # pylint: disable=protected-access
+  name = f"arl{os.getpid()}_test_ipc_cols"
+  desc = ipc.encode(elements, name)
+  assert desc[0] == size
+  back = ipc.decode(desc)
+  _assert_same_elements(back, elements)
+  assert back[0]["inputs"].flags.writeable and not back[0]["frozen"].flags.writeable
+  back[0]["inputs"][:] = -1  # Writing one element's slice leaves its neighbours alone.
+  np.testing.assert_array_equal(back[1]["inputs"], elements[1]["inputs"])
+  # Chunks that do not pay (few elements, big arrays, other key orders, dict
+  # subclasses, bare arrays) travel element by element, as before.
+  few = elements[:3]
+  big = [{"a": np.zeros(100_000, np.uint8)} for _ in range(20)]
+  reordered = elements[:20] + [dict(reversed(list(elements[20].items())))]
+  for chunk in (few, big, reordered, [collections.OrderedDict(e) for e in elements], [e["inputs"] for e in elements]):
+    assert ipc._as_columns(chunk) is chunk  # pylint: disable=protected-access
+  _assert_same_elements(ipc.decode(ipc.encode(reordered, name + "r")), reordered)
 
 
 def test_ipc_segment_survives_short_writes_and_many_buffers(monkeypatch):
