@@ -135,6 +135,10 @@ BIN_CASES = {
     # element that breaks it gives each feature its own, mid-window.
     "equal_lengths_then_one_differs": dict(
         elements=lambda s: mostly_equal_lengths(60, s), length_struct={"inputs": 12, "targets": 12}, num_packing_bins=4),
+    # A shared layout over values that are not arrays (scalars: one token each).
+    "shared_scalars": dict(
+        elements=lambda s: [{"a": i, "b": float(i) / 2} for i in range(20 + s)],
+        length_struct={"a": 5, "b": 5}, num_packing_bins=3),
     "one_bin": dict(
         elements=lambda s: ragged(30, s, {"inputs": (1, 6, np.int32)}),
         length_struct={"inputs": 8}, num_packing_bins=1),
