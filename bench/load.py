@@ -731,6 +731,18 @@ def _ratio_target_rows(rows: list[dict]) -> dict[str, tuple[dict | None, dict | 
   }
 
 
+# Raw rows within this share of the best one in passes also run in the
+# time-sliced comparison; the fastest there is the limit.
+_LIMIT_CONTENDER_SHARE = 0.85
+
+
+def _limit_contenders(rows: list[dict], best: dict) -> list[dict]:
+  """The best raw row and every raw row near it in passes (best first)."""
+  near = [r for r in rows if r["workload"] == best["workload"] and r["family"] == best["family"]
+          and _ok(r) and r is not best and r["rate"] >= _LIMIT_CONTENDER_SHARE * best["rate"]]
+  return [best, *sorted(near, key=lambda r: -r["rate"])]
+
+
 def _paired_detail(pair: dict | None) -> str:
   if not pair or pair.get("value") is None:
     return f"; time-sliced run failed: {pair['error']}" if pair and pair.get("error") else ""
@@ -738,6 +750,10 @@ def _paired_detail(pair: dict | None) -> str:
   text = (f"; time-sliced ({pair['rounds']} rounds of {pair['window_s']:g} s per row, taking turns): "
           f"{pair['a']} {pair['rates'][0]:,.0f} vs {pair['b']} {pair['rates'][1]:,.0f} records/s, "
           f"ratio {pair['value']:.2f} (per round: median {med:.2f}, quartiles {q1:.2f}-{q3:.2f})")
+  if pair.get("contenders"):
+    text += ("; the limit is the fastest in these turns of the raw rows within "
+             f"{1 - _LIMIT_CONTENDER_SHARE:.0%} of the best in passes: "
+             + ", ".join(f"{name} {rate:,.0f}" for name, rate in pair["contenders"].items()))
   ceiling = pair.get("ceiling")
   if ceiling:
     n = int(pair["scale"])
@@ -1073,24 +1089,33 @@ def _run_sliced(rows: list[dict], specs: list[dict], args, files: dict, rounds: 
   for key, (ours, yardstick, scale) in _ratio_target_rows(rows).items():
     if not (_ok(ours) and _ok(yardstick)):
       continue
-    a, b = spec_of(ours), spec_of(yardstick)
+    a = spec_of(ours)
     copies = int(scale) if scale > 1 else 0
-    members = [timeslice.Member(a["name"], [cmd(a)], env), timeslice.Member(b["name"], [cmd(b)], env)]
+    # A limit: every raw row near the best in passes takes turns too, and the
+    # fastest of them in the turns is the yardstick (the passes' pick drifts).
+    yardsticks = [yardstick] if copies else _limit_contenders(rows, yardstick)
+    members = [timeslice.Member(a["name"], [cmd(a)], env)]
+    members += [timeslice.Member(spec_of(y)["name"], [cmd(spec_of(y))], env) for y in yardsticks]
     if copies:
+      b = spec_of(yardstick)
       members.append(timeslice.Member(f"{copies} x {b['name']}", [cmd(b)] * copies, env))
     try:
       timeslice.interleave(members, rounds=rounds, window=window, start_timeout=args.timeout)
     except RuntimeError as e:
       print(f"[time-sliced] {key}: failed: {e}", flush=True)
-      out[key] = {"a": a["name"], "b": b["name"], "error": str(e)[:500]}
+      out[key] = {"a": a["name"], "b": spec_of(yardstick)["name"], "error": str(e)[:500]}
       continue
-    ma, mb = members[0], members[1]
+    ma = members[0]
+    mb = max(members[1:1 + len(yardsticks)], key=lambda m: m.rate())
+    b = {"name": mb.name}
     per_round = [(ua / sa) / (scale * ub / sb)
                  for ua, sa, ub, sb in zip(ma.units, ma.seconds, mb.units, mb.seconds) if ub and sb and sa]
     res = {"a": a["name"], "b": b["name"], "scale": scale, "rounds": rounds, "window_s": window,
            "rates": [round(ma.rate(), 1), round(mb.rate(), 1)],
            "value": round(ma.rate() / (scale * mb.rate()), 3) if mb.rate() else None,
            "round_ratios": [round(r, 3) for r in per_round]}
+    if len(yardsticks) > 1:
+      res["contenders"] = {m.name: round(m.rate(), 1) for m in members[1:1 + len(yardsticks)]}
     line = (f"[time-sliced] {key}: {a['name']} {ma.rate():,.0f} vs {b['name']} {mb.rate():,.0f} "
             f"-> {res['value']}")
     if copies:

@@ -87,6 +87,20 @@ def test_time_sliced_runs_decide_the_raw_limit_and_scaling_targets():
   assert (eff["value"], eff["status"]) == (0.89, "MISSED")
 
 
+def test_raw_limit_takes_turns_with_every_raw_row_near_the_best_in_passes():
+  rows = _nomap_rows(300.0) + [_row("nomap", "raw", 0, 290.0, threads=4, options="x", per_call=8192, sorted=True)]
+  best = max((r for r in rows if r["family"] == "raw"), key=lambda r: r["rate"])
+  contenders = load._limit_contenders(rows, best)  # pylint: disable=protected-access
+  assert [r["rate"] for r in contenders] == [310.0, 290.0]  # 250 is more than 15% behind.
+  pair = _sliced("loader ReadOptions()", "raw x0", [270.0, 300.0], 0.90, [0.88, 0.90, 0.97])
+  pair["contenders"] = {"raw x0": 300.0, "raw 4 threads": 280.0}
+  raw = next(t for t in load.compare(rows, cores=2, pack={}, map_cost=None, paired={"nomap_raw": pair})
+             if "raw batched read limit" in t["target"])
+  assert raw["value"] == 0.90
+  assert "the limit is the fastest in these turns of the raw rows within 15% of the best in passes: " \
+         "raw x0 300, raw 4 threads 280" in raw["detail"]
+
+
 def test_scaling_target_shows_the_machines_own_ceiling_without_changing_its_value():
   rows = [_row("map", "loader", 0, 100.0, read_options={"num_threads": 0}),
           _row("map", "loader", 2, 190.0, read_options=None)]
