@@ -551,8 +551,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
       start()
 
   def __next__(self) -> T:
-    if self._closed:  # Even with elements left in the buffer, as Grain.
-      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+    self._assert_not_closed()  # Even with elements left in the buffer, as Grain.
     while True:
       if self._pos >= len(self._buffer):
         if self._error is not None:

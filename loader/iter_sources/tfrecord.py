@@ -132,8 +132,7 @@ class _TFRecordDatasetIterator(iter_lib.DatasetIterator[bytes]):
     self._reader = _TFRecordReader(path)
 
   def __next__(self) -> bytes:
-    if self._closed:
-      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+    self._assert_not_closed()
     return next(self._reader)
 
   def get_state(self) -> dict[str, Any]:

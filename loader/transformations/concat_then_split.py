@@ -306,8 +306,7 @@ class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
       return self._ready.popleft()
     if self._exhausted:
       raise StopIteration
-    if self._closed:
-      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+    self._assert_not_closed()
     self._checkpoint()  # Nothing buffered but the remainder: a cheap state.
     config = self._config
     buffer: list[_Piece] = []

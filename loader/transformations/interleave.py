@@ -172,8 +172,7 @@ class _InterleaveDatasetIterator(iter_lib.DatasetIterator[T]):
     self._iterators[slot] = None
 
   def __next__(self) -> T:
-    if self._closed:
-      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+    self._assert_not_closed()
     self._start()
     while self._cycle:
       slot = self._next_in_cycle

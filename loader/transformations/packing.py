@@ -134,8 +134,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
       self._batch, self._order, self._next_row = None, None, 0
 
   def __next__(self) -> dict[str, Any]:
-    if self._closed:
-      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+    self._assert_not_closed()
     if self._batch is None:
       self._fill()
     r = self._next_row if self._order is None else self._order[self._next_row]
@@ -150,8 +149,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
     fancy-indexing copy per feature and window instead of a dict per row and
     an `np.stack`. Errors consume what was read, as `batch` over `next()` does.
     """
-    if self._closed:
-      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+    self._assert_not_closed()
     pieces = []
     while count:
       if self._batch is None:
