@@ -156,12 +156,12 @@ class PackingWindow:
     self._count = [0] * num_bins  # Elements per row.
     self._vectorised = num_bins > _PY_SCAN_MAX_BINS
     # The common case (MaxText's inputs/targets: no alignment, no sequence
-    # cap, equal lengths) takes a lean path. While every element so far had
-    # the same length in every feature, all features share one layout: one
-    # `used` list (aliased) to scan, and one set of segment ids/positions.
-    self._simple = not self._vectorised and spec.max_sequences_per_bin is None and not any(
-        a != 1 for a in spec.alignments) and not spec.other_meta
-    self._shared = self._simple and len(set(spec.capacities)) == 1
+    # cap, equal capacities) takes a lean path: while every element so far had
+    # the same length in every feature, all features share one layout (one
+    # `used` list, aliased, to scan; one set of segment ids/positions). The
+    # first element that breaks it sends the window to the general path.
+    self._shared = (not self._vectorised and spec.max_sequences_per_bin is None and not spec.other_meta
+                    and all(a == 1 for a in spec.alignments) and len(set(spec.capacities)) == 1)
     self._all_arrays = True  # Every value added while shared is an array of rows (no _as_rows needed).
     if self._shared:
       self._used = [self._used[0]] * num_features
@@ -259,33 +259,30 @@ class PackingWindow:
     self._row_elements = [[(segment, [start] * num_features, [n] * num_features, values)
                            for segment, start, n, values in row] for row in self._row_elements]
 
-  def _try_add_simple(self, element: Any) -> bool:
-    """`try_add` without alignment, sequence caps or per-row meta lists.
+  def _try_add_shared(self, element: Any) -> bool | None:
+    """`try_add` while the layout is shared; None if `element` ends that (then `try_add` places it).
 
-    While the window is shared, a row's elements are kept as (segment, start,
-    length, values) with one start and length for all features; this path
-    runs per element, so it allocates as few containers as it can.
+    A row's elements are kept as (segment, start, length, values), with one
+    start and length for all features; this path runs per element, so it
+    allocates as few containers as it can.
     """
     spec = self._spec
     try:
       values = [element[k] for k in spec.keys]
     except KeyError as e:
       raise _missing(element, e.args[0], spec) from None
-    if self._shared:
-      n = -1
-      for v in values:
-        if type(v) is np.ndarray and v.ndim:  # pylint: disable=unidiomatic-typecheck
-          m = len(v)
-        else:
-          m = _length(v)
-          self._all_arrays = False
-        if n != m:
-          if n >= 0:
-            self._unshare()
-            break
-          n = m
-    if not self._shared:
-      return self._add_unshared(values)
+    n = -1
+    for v in values:
+      if type(v) is np.ndarray and v.ndim:  # pylint: disable=unidiomatic-typecheck
+        m = len(v)
+      else:
+        m = _length(v)
+        self._all_arrays = False
+      if n != m:
+        if n >= 0:
+          self._unshare()
+          return None
+        n = m
     limit = spec.capacities[0] - n
     if limit < 0:
       raise self._too_long([n] * len(values))
@@ -311,26 +308,12 @@ class PackingWindow:
     self._row_elements[row].append((segment, start, n, values))
     return True
 
-  def _add_unshared(self, values: list[Any]) -> bool:
-    lengths = [len(v) if type(v) is np.ndarray and v.ndim else _length(v)  # pylint: disable=unidiomatic-typecheck
-               for v in values]
-    if any(n > c for n, c in zip(lengths, self._spec.capacities)):
-      raise self._too_long(lengths)
-    row = self._find_row_scan(lengths)
-    if row < 0:
-      return False
-    starts = [u[row] for u in self._used]
-    for u, start, n in zip(self._used, starts, lengths):
-      u[row] = start + n
-    segment = self._count[row] + 1
-    self._count[row] = segment
-    self._row_elements[row].append((segment, starts, lengths, values))
-    return True
-
   def try_add(self, element: Any) -> bool:
     """Places `element` in a row; False if it fits in none (the window is full)."""
-    if self._simple:
-      return self._try_add_simple(element)
+    if self._shared:
+      added = self._try_add_shared(element)
+      if added is not None:
+        return added
     spec = self._spec
     values, lengths = [], []
     try:
