@@ -262,16 +262,10 @@ def _timed(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tuple[list[
   return elements, error, max(0.0, time.perf_counter() - w0 - reads), time.thread_time() - c0
 
 
-_BY_INDEX_SOURCES = (range, list, tuple, np.ndarray)
-
-
 def _reads_by_index(ds: map_dataset_lib.MapDataset) -> bool:
-  """Whether every source under `ds` surely returns the record of the index asked
-  (Python sequences, ours, and array_record's, Grain's and TFDS's batched sources)."""
+  """Whether every source under `ds` surely returns the record of the index asked."""
   if isinstance(ds, map_dataset_lib.SourceMapDataset):
-    src = ds._source  # pylint: disable=protected-access
-    return type(src) in _BY_INDEX_SOURCES or isinstance(src, source_lib.ArrayRecordSource) or (
-        ds._reader._batched is not None)  # pylint: disable=protected-access
+    return ds._reader.reads_by_index  # pylint: disable=protected-access
   parents = ds._parents  # pylint: disable=protected-access
   return bool(parents) and all(_reads_by_index(p) for p in parents)
 

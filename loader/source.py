@@ -726,6 +726,13 @@ class BatchedSource:
   def __repr__(self) -> str:
     return repr(self.source)
 
+  @property
+  def reads_by_index(self) -> bool:
+    """Whether a read surely returns the records of the indices asked: a batched
+    read we trust (above) or a Python sequence, not a user source that might
+    stream (ignore the index and return the next record)."""
+    return self._batched is not None or type(self.source) in (range, list, tuple, np.ndarray)
+
   def read_array(self, indices: np.ndarray) -> np.ndarray | None:
     """The records at `indices` as an object array, for an ArrayRecordSource whose reads are its own; else None."""
     if not self._objects:
