@@ -1,6 +1,7 @@
 """Beam building blocks that turn TFRecord shards into matched ArrayRecord shards."""
 
-from converter.errors import ConversionError, CorruptRecordError, NoInputFilesError, OutputExistsError
+from converter.errors import (ConcurrentRunError, ConversionError, CorruptRecordError, NoInputFilesError,
+                              NotTFRecordError, OutputExistsError)
 from converter.manifest import MANIFEST_NAME, RecordDigest, build_manifest, read_manifest, write_manifest
 from converter.naming import ShardName, common_dir, output_basename, output_path
 from converter.options import WRITER_OPTION_KEYS, ConvertOptions, validate_writer_options
@@ -12,7 +13,8 @@ from converter.tfrecord import TFRecordReader, detect_compression, read_tfrecord
 _BEAM_NAMES = ("ConvertToArrayRecord", "MatchFiles")
 
 __all__ = [
-    "ConversionError", "CorruptRecordError", "NoInputFilesError", "OutputExistsError",
+    "ConcurrentRunError", "ConversionError", "CorruptRecordError", "NoInputFilesError", "NotTFRecordError",
+    "OutputExistsError",
     "MANIFEST_NAME", "RecordDigest", "build_manifest", "read_manifest", "write_manifest",
     "ShardName", "common_dir", "output_basename", "output_path",
     "WRITER_OPTION_KEYS", "ConvertOptions", "validate_writer_options",

@@ -50,6 +50,19 @@ class CorruptRecordError(ConversionError):
         f"Nothing was written for this file. {advice}")
 
 
+class NotTFRecordError(CorruptRecordError):
+  """An input's first bytes, and all bytes after them that were looked at, hold no TFRecord record."""
+
+  def __init__(self, path: str, what: str, compressed: bool = False, skipping: bool = False):
+    super().__init__(path, 0, 0, what, compressed=compressed, skipping=skipping)
+    self.args = (f"{path} is not a TFRecord file: {what}. Nothing was written for this file. Give "
+                 "only TFRecord files as inputs (narrow the --input pattern), or re-create the file if it "
+                 "should be one.",)
+
+  def __str__(self) -> str:
+    return self.args[0]
+
+
 class NoInputFilesError(ConversionError):
   """An input pattern matched no files."""
 
@@ -173,12 +186,43 @@ class OutputWriteError(ConversionError, OSError):
     self.path, self.reason = path, reason
     super().__init__(
         f"Cannot write {path}: {reason}. Its temp file was removed and no partial file "
-        "was left under its name; fix the cause (free space, permissions), then rerun "
+        f"was left under its name; {_write_fix(reason)}, then rerun "
         "with --skip-existing to keep the shards already written.")
+
+
+def _write_fix(reason: str) -> str:
+  """What to do about a failed write, from the `[Errno N] ...` at the start of its reason."""
+  import errno
+  code = reason[len("[Errno "):].split("]", 1)[0] if reason.startswith("[Errno ") else ""
+  fixes = {errno.ENOSPC: "free space on the output's disk",
+           errno.EDQUOT: "free space or raise your disk quota",
+           errno.EFBIG: "raise the file size limit (`ulimit -f`) or write to a filesystem that holds larger files",
+           errno.EACCES: "fix the output folder's permissions",
+           errno.EPERM: "fix the output folder's permissions",
+           errno.EROFS: "write to a filesystem mounted read-write",
+           errno.EIO: "check the disk (an I/O error)"}
+  return fixes.get(int(code) if code.isdigit() else None, "fix the cause (free space, permissions)")
 
 
 class OutputLockedError(ConversionError):
   """Another conversion is writing to the same output directory."""
+
+
+class ConcurrentRunError(OutputLockedError):
+  """Another conversion is writing the same output directory now, or replaced this run's marker."""
+
+  def __init__(self, path: str, run: dict, *, after: bool = False):
+    who = f"pid {run.get('pid')} on host {run.get('host')}, started {run.get('started')}"
+    if after:
+      self.exit_code = 1  # Shards were written.
+      message = (f"Another conversion replaced {path} while this one ran ({who}): two runs wrote "
+                 "this directory at once, so its manifest does not list this run's shards. Convert "
+                 "into one directory one run at a time (arrayrecord-convert locks it), then rerun "
+                 "this conversion.")
+    else:
+      message = (f"{path} marks a conversion that is still writing this directory ({who}). Nothing "
+                 "was converted; wait for it to finish, or convert into another directory.")
+    super().__init__(message)
 
 
 class ClobberedOutputError(ConversionError):

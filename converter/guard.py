@@ -75,7 +75,6 @@ class ConversionGuard:
       self.plans = list(plan(list(inputs), options))
       if self.local:
         check_free_space(self.output_dir, self.plans)
-        self._manifest_before = _read_or_none(ondisk.manifest_path(self.output_dir))
     except BaseException:
       self._release(failed=True)
       raise
@@ -110,6 +109,9 @@ class ConversionGuard:
         os.mkdir(m)
         self._created.append(m)
       self._lock = ondisk.DirLock(out).acquire()
+      # What the lock protects from here on: a run refused in planning must not
+      # take an earlier stopped run's marker for its own.
+      self._manifest_before = _read_or_none(ondisk.manifest_path(out))
     except ondisk.LockedError as e:
       raise OutputLockedError(str(e)) from None
     except OSError as e:

@@ -10,7 +10,8 @@ from typing import Any, Iterable
 
 from converter import writer as _writer
 from converter.errors import (ConversionError, ForeignManifestError, ManifestExistsError, NoInputFilesError,
-                              OutputError, OutputExistsError, UnfinishedRunError)
+                              OutputError, OutputExistsError, UnfinishedRunError,
+                              ConcurrentRunError)
 from converter.manifest import MANIFEST_NAME, FoundManifest, find_manifest
 from converter.naming import common_dir, output_path, split_uri
 from converter.options import ConvertOptions
@@ -69,18 +70,25 @@ class _GlobFilter:
     self.magic = fixed < len(parts)
     self._scheme, self._parts, self._fixed = scheme, parts, fixed
     base = "/".join(parts[:fixed])
-    self._skip = None
-    if skip_under is not None and self.magic:
-      out = os.path.abspath(skip_under) if split_uri(skip_under)[0] == "" else split_uri(skip_under)[1]
+    self._skip = self._converted_in = None
+    if skip_under is not None and self.magic and scheme == split_uri(skip_under)[0]:
+      out = os.path.abspath(skip_under) if scheme == "" else split_uri(skip_under)[1]
       out = out.rstrip("/")
-      if scheme == split_uri(skip_under)[0] and out.startswith(base.rstrip("/") + "/"):
+      if out.startswith(base.rstrip("/") + "/"):
         self._skip = out + "/"  # Strictly inside the listed folder: never the inputs' own folder.
+      elif scheme == "":
+        # Converting in place (or into a folder above the inputs): ArrayRecord
+        # files there are outputs, of this run's interrupted start for one.
+        self._converted_in = out + "/"
 
   def __call__(self, path: str) -> bool:
     if not self.magic:
       return True
     rest = split_uri(path)[1].rstrip("/")
     if self._skip is not None and (rest + "/").startswith(self._skip):
+      return False
+    if (self._converted_in is not None and rest.startswith(self._converted_in)
+        and _starts_as_array_record(path)):
       return False
     got = rest.split("/")[self._fixed:]
     wild = self._parts[self._fixed:]
@@ -152,12 +160,19 @@ def _starts_as_array_record(path: str) -> bool:
 
 
 def _check_output_slot(path: str) -> None:
-  """Refuses, before any work, an output name taken by something no file can replace."""
+  """Refuses, before any work, an output name taken by something no file can replace, or too long."""
+  _check_name_length(path)
+  fix = "remove it or choose another --output"
   try:
     mode = os.lstat(path).st_mode
-  except (FileNotFoundError, NotADirectoryError):
+  except FileNotFoundError:
     return
-  fix = "remove it or choose another --output"
+  except NotADirectoryError:
+    bad = os.path.dirname(path)
+    while not os.path.lexists(bad):  # The first part of the path that exists is the file.
+      bad = os.path.dirname(bad)
+    raise OutputError(f"Output {path} cannot be written: {bad} is a file, where this run needs a "
+                      f"folder; {fix}.") from None
   if stat.S_ISLNK(mode):
     if not os.path.exists(path):
       raise OutputError(f"Output {path} is a symbolic link to {os.readlink(path)!r}, which does not "
@@ -169,6 +184,26 @@ def _check_output_slot(path: str) -> None:
     kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) \
         else "a device" if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) else "not a regular file"
     raise OutputError(f"Output {path} is {kind}, where this run would write its file; {fix}.")
+
+
+def _check_name_length(path: str) -> None:
+  """Refuses an output whose name, or whose temp file's longer name, the filesystem cannot hold."""
+  folder = os.path.dirname(os.path.abspath(path))
+  while not os.path.isdir(folder) and folder != os.path.dirname(folder):
+    folder = os.path.dirname(folder)
+  try:
+    name_max = os.pathconf(folder, "PC_NAME_MAX")
+  except (OSError, ValueError):
+    name_max = 255
+  # The longest temp name any of this run's processes can give it.
+  temp = os.path.basename(ondisk.temp_name(path, ondisk.Owner(10**7 - 1, 10**12, ondisk.this_process().host)))
+  name, temp_len = os.path.basename(path), len(os.fsencode(temp))
+  if temp_len > name_max:
+    raise OutputError(
+        f"Output name {name!r} is {len(os.fsencode(name))} bytes; while it is written, its temp file's "
+        f"name is up to {temp_len - len(os.fsencode(name))} bytes longer, past this filesystem's "
+        f"{name_max}-byte limit. Rename the inputs so that their output names (named after them) have at most "
+        f"{name_max - (temp_len - len(os.fsencode(name)))} bytes.")
 
 
 def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list[str],
@@ -188,15 +223,17 @@ def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list
     that manifest said of them; {output: identity it had when an unfinished
     run planned to replace it}).
   """
-  found: FoundManifest | None = None if options.existing == "overwrite" else find_manifest(options.output_dir)
-  if found is None:
+  found: FoundManifest | None = find_manifest(options.output_dir)
+  marker = found.manifest if found is not None and found.kind == "incomplete" else None
+  # A retried planning step finds the marker its own run wrote.
+  own = marker is not None and run_id is not None and (marker.get("run") or {}).get("id") == run_id
+  if marker is not None and not own and _still_running(marker):
+    raise ConcurrentRunError(found.path, marker.get("run") or {})
+  if found is None or options.existing == "overwrite":
     return {}, {}
   if found.kind == "foreign":
     raise ForeignManifestError(found.path, found.problem)
-  marker = found.manifest if found.kind == "incomplete" else None
-  # A retried planning step finds the marker its own run wrote; the marker of
-  # a run that wrote or kept no shard at all guards nothing.
-  own = marker is not None and run_id is not None and (marker.get("run") or {}).get("id") == run_id
+  # The marker of a run that wrote or kept no shard at all guards nothing.
   if marker is not None and not own and not any(_writer.exists(s["output"]) for s in marker["shards"]):
     return {}, {}
   if options.existing == "error" and not own:
@@ -218,6 +255,29 @@ def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list
   stale = {s["output"]: s.get("replaces") for s in shards
            if s.get("status") == "pending" and s.get("replaces") is not None}
   return previous, stale
+
+
+def _real(path: str) -> str:
+  return os.path.realpath(path) if _writer.is_local(path) else path
+
+
+def _file_key(path: str) -> tuple[int, int] | None:
+  """(device, inode) of an existing local file, else None."""
+  if not _writer.is_local(path):
+    return None
+  try:
+    st = os.stat(path)
+  except OSError:
+    return None
+  return st.st_dev, st.st_ino
+
+
+def _still_running(marker: dict[str, Any]) -> bool:
+  """Whether the process a run marker names still runs (on this host; elsewhere unknowable)."""
+  run = marker.get("run") if isinstance(marker.get("run"), dict) else {}
+  if run.get("pid") == os.getpid() and run.get("host") == ondisk.this_process().host:
+    return False  # A pipeline run earlier in this very process, which has returned or raised.
+  return ondisk.recorded_process_alive(run) is True
 
 
 def _still_stale(path: str, planned_identity: Any) -> bool:
@@ -252,17 +312,20 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
   root = options.input_root or common_dir(inputs)
   outputs = [output_path(i, root, options.output_dir, options.suffix) for i in inputs]
   seen: dict[str, str] = {}
-  # Compared as absolute paths: inputs come from the glob as absolute paths,
-  # while a relative --output gives relative output names.
-  as_local = lambda p: os.path.abspath(p) if _writer.is_local(p) else p
-  input_set = {as_local(i) for i in inputs}
+  # Compared as resolved paths and file identities: a relative --output, an
+  # output folder that is a link to the input folder, or a hard link must not
+  # let an output replace an input.
+  on_disk = {_real(i): i for i in inputs}
+  on_disk.update({key: i for i in inputs if (key := _file_key(i)) is not None})
   for i, o in zip(inputs, outputs):
     if o in seen:
       raise ConversionError(
           f"Inputs {seen[o]!r} and {i!r} would both be written to {o!r}. Rename "
           "one of them or convert them into different output directories.")
-    if as_local(o) in input_set:
-      raise ConversionError(f"Output {o!r} would overwrite the input of the same name.")
+    same = on_disk.get(_real(o)) or on_disk.get(_file_key(o))
+    if same is not None:
+      raise ConversionError(f"Output {o!r} would overwrite the input {same!r} (the same file on disk); "
+                            "choose another --output.")
     if _writer.is_local(o):
       _check_output_slot(o)
     seen[o] = i

@@ -15,15 +15,17 @@ import zlib
 from typing import BinaryIO, Iterator
 
 import crc32c as _crc32c
+import numpy as np
 
-from converter.errors import CompressionMismatchError, CorruptRecordError, InputError
-from loader.ondisk import is_local
+from converter.errors import CompressionMismatchError, CorruptRecordError, InputError, NotTFRecordError
+from loader.ondisk import RIEGELI_SIGNATURE, is_local
 
 COMPRESSIONS = ("auto", "gzip", "zlib", "none")
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
 _CHUNK = 1 << 22  # 4 MiB reads keep per-record Python work off the I/O path.
+_MAX_RECORD = 1 << 40  # Resync skips header candidates claiming more (1 TiB).
 # Compressed bytes per zlib call. Each step starts from a (cheap) copy of the
 # zlib state, so on damage only the failing step is re-fed byte by byte.
 _STEP = 1 << 16
@@ -300,8 +302,7 @@ class TFRecordReader:
         return
       length, length_crc = header_unpack(buf, pos)
       if masked_crc(buf[pos:pos + 8]) != length_crc:
-        buf, pos, base = self._resync(buf, pos, base, chunks, eof)
-        eof = True
+        buf, pos, base, eof = self._resync(buf, pos, base, chunks, eof)
         continue
       end = pos + 12 + length + 4
       if end > len(buf):
@@ -364,36 +365,94 @@ class TFRecordReader:
                           "are missing)")
     self.stats.truncated = True
 
+  def _not_tfrecord(self, head: bytes, what: str) -> NotTFRecordError:
+    if head.startswith(RIEGELI_SIGNATURE):
+      what = "it is an ArrayRecord file (already converted?)"
+    else:
+      what = f"{what}; it starts with {bytes(head[:16])!r}"
+    compressed = self.detected_compression not in (None, "none")
+    return NotTFRecordError(self.path, f"{what}{' (after decompression)' if compressed else ''}",
+                            compressed=compressed, skipping=self.on_corrupt == "skip")
+
   def _resync(self, buf, pos, base, chunks, eof):
-    """After a damaged header: find the next offset where a whole valid record starts."""
+    """After a damaged header: find the next offset where a whole valid record starts.
+
+    Returns (buf, pos, base, eof) positioned there. The scan streams: memory
+    holds one chunk (and the candidate record) whatever the file's size.
+    """
     bad_offset = base + pos
     if self.on_corrupt == "fail":
+      if bad_offset == 0 and not _header_candidates(buf, 1):
+        raise self._not_tfrecord(buf, f"no valid record header in its first {len(buf):,} bytes")
       raise self._corrupt(bad_offset, "length checksum mismatch (damaged record header)")
-    # Resync needs the rest of the stream in memory only in this rare path.
-    rest = [buf[pos + 1:]]
-    if not eof:
-      rest.extend(chunks)
-    data = b"".join(rest)
-    start = base + pos + 1
-    for i in range(len(data) - 12 + 1):
-      length, length_crc = _HEADER.unpack_from(data, i)
-      if masked_crc(data[i:i + 8]) != length_crc:
+    data, start, lo = buf[pos + 1:], base + pos + 1, 0  # Offsets below lo in data are ruled out.
+    while True:
+      scan_end = max(lo, len(data) - 11)  # Offsets below it have a whole header in data.
+      for i in _header_candidates(data, lo):
+        length = _HEADER.unpack_from(data, i)[0]
+        end = i + 12 + length + 4
+        if end > len(data) and not eof:
+          data, eof = _extend(data, chunks, end)
+        if end <= len(data) and masked_crc(data[i + 12:i + 12 + length]) == _FOOTER.unpack_from(data, i + 12 + length)[0]:
+          self.stats.skipped += 1
+          return data, i, start, eof
+      lo = scan_end
+      if len(data) - 11 > lo:
+        continue  # Data grew while a candidate was checked: scan the new offsets first.
+      if eof:
+        break
+      nxt = next(chunks, None)
+      if nxt is None:
+        eof = True
         continue
-      end = i + 12 + length + 4
-      if end <= len(data) and masked_crc(data[i + 12:i + 12 + length]) == _FOOTER.unpack_from(data, i + 12 + length)[0]:
-        self.stats.skipped += 1
-        return data, i, start
+      data, start, lo = data[lo:] + nxt, start + lo, 0
     if self._stream_damage is not None:
       # The compressed stream's damage explains the bad header, and nothing
       # after it can be decoded: a damaged tail, skipped as a cut-off record is.
       self.stats.skipped += 1
       self.stats.truncated = True
-      return data, len(data), start
+      return data, len(data), start, True
+    if bad_offset == 0:
+      raise self._not_tfrecord(buf, "no valid record anywhere in it")
     raise CorruptRecordError(
         self.path, self.stats.records + self.stats.skipped, bad_offset,
         "length checksum mismatch (damaged record header) and no valid record "
         "follows, so the rest of the file cannot be recovered",
         compressed=self.detected_compression not in (None, "none"), skipping=True)
+
+
+def _header_candidates(data: bytes, lo: int) -> list[int]:
+  """Offsets >= lo in data where a record header with a valid length checksum starts.
+
+  Vectorized: the checksum is computed once per distinct length value, so a
+  damaged region costs numpy time, not a Python step per byte.
+  """
+  count = len(data) - 12 + 1 - lo
+  if count <= 0:
+    return []
+  lengths = np.ndarray((count,), "<u8", data, lo, (1,))
+  crcs = np.ndarray((count,), "<u4", data, lo + 8, (1,))
+  # A length past what any file holds cannot be a header (random bytes seldom pass).
+  maybe = np.flatnonzero(lengths < _MAX_RECORD)
+  if not len(maybe):
+    return []
+  values, inverse = np.unique(lengths[maybe], return_inverse=True)
+  expected = np.array([masked_crc(int(v).to_bytes(8, "little")) for v in values], np.uint32)
+  return (maybe[expected[inverse.ravel()] == crcs[maybe]] + lo).tolist()
+
+
+def _extend(data: bytes, chunks: Iterator[bytes], size: int) -> tuple[bytes, bool]:
+  """data with chunks appended until it holds `size` bytes or the stream ends: (data, eof)."""
+  parts, have = [data], len(data)
+  eof = False
+  while have < size:
+    nxt = next(chunks, None)
+    if nxt is None:
+      eof = True
+      break
+    parts.append(nxt)
+    have += len(nxt)
+  return b"".join(parts), eof
 
 
 def check_regular_file(path: str) -> None:

@@ -11,7 +11,7 @@ from apache_beam.metrics import Metrics
 
 from converter import manifest as _manifest
 from converter import writer as _writer
-from converter.errors import CorruptRecordError, InputChangedError, InputError
+from converter.errors import ConcurrentRunError, CorruptRecordError, InputChangedError, InputError
 from converter.manifest import RecordDigest
 from converter.options import ConvertOptions
 from converter.planning import ShardPlan, marker_entries, match_pattern, plan_shards
@@ -49,14 +49,14 @@ class _PlanFn(beam.DoFn):
   def __init__(self, options: ConvertOptions):
     self._options = options
     # Made once when the pipeline is built, so a retried planning step knows its own marker.
-    self._run_id = secrets.token_hex(8)
+    self.run_id = secrets.token_hex(8)
 
   def process(self, inputs: list[str]):
-    plans = plan_shards(inputs, self._options, run_id=self._run_id)
+    plans = plan_shards(inputs, self._options, run_id=self.run_id)
     if _needs_marker(plans, self._options.output_dir):
       _manifest.write_incomplete_manifest(
           self._options.output_dir, marker_entries(plans), writer_options=self._options.writer_options,
-          existing=self._options.existing, run_id=self._run_id)
+          existing=self._options.existing, run_id=self.run_id)
     yield from plans
 
 
@@ -166,7 +166,32 @@ def kept_shard_entry(plan: ShardPlan) -> dict[str, Any]:
           "digest_from": "manifest" if trusted else "file"}
 
 
-def _write_manifest(results: list[dict[str, Any]], options: ConvertOptions) -> str:
+def _check_marker_is_ours(results: list[dict[str, Any]], options: ConvertOptions, run_id: str) -> None:
+  """Refuses to publish a manifest when another run replaced this run's marker meanwhile.
+
+  The directory lock is the CLI's; runs through this PTransform alone can
+  still race, and the last manifest written would then drop the other's shards.
+  """
+  found = _manifest.find_manifest(options.output_dir)
+  marker = found.manifest if found is not None and found.kind == "incomplete" else None
+  if marker is not None:
+    run = marker.get("run") if isinstance(marker.get("run"), dict) else {}
+    if run.get("id") != run_id:
+      raise ConcurrentRunError(found.path, run, after=True)
+    return
+  # A local run that converted anything wrote a marker (a remote one may not have).
+  if not _writer.is_local(options.output_dir) or all(r["status"] == "existing" for r in results):
+    return
+  if (found is not None and found.kind == "complete"
+      and {s["output"] for s in found.manifest["shards"]} == {r["output"] for r in results}):
+    return  # This step retried: its manifest is already in place.
+  raise ConcurrentRunError(_manifest.manifest_path(options.output_dir),
+                           (found.manifest.get("run") or {}) if found is not None and found.manifest else {},
+                           after=True)
+
+
+def _write_manifest(results: list[dict[str, Any]], options: ConvertOptions, run_id: str) -> str:
+  _check_marker_is_ours(results, options, run_id)
   m = _manifest.build_manifest(results, writer_options=options.writer_options,
                                output_dir=options.output_dir)
   return _manifest.write_manifest(options.output_dir, m)
@@ -199,14 +224,15 @@ class ConvertToArrayRecord(beam.PTransform):
     return self._options
 
   def expand(self, paths):
+    plan = _PlanFn(self._options)
     results = (paths
                | "CollectInputs" >> beam.combiners.ToList()
-               | "PlanShards" >> beam.ParDo(_PlanFn(self._options))
+               | "PlanShards" >> beam.ParDo(plan)
                | "Distribute" >> beam.Reshuffle()
                | "ConvertShards" >> beam.ParDo(_ConvertShardFn(self._options)))
     _ = (results
          | "CollectResults" >> beam.combiners.ToList()
-         | "WriteManifest" >> beam.Map(_write_manifest, self._options))
+         | "WriteManifest" >> beam.Map(_write_manifest, self._options, plan.run_id))
     return results
 
   def display_data(self):

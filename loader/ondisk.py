@@ -351,7 +351,8 @@ def recorded_process_alive(info: dict[str, Any]) -> bool | None:
 
 # ---------------------------------------------------------------- temp files
 
-_TEMP_RE = re.compile(r"^\.(?P<base>.+)\.tmp-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]+@(?P<host>[^/@]+)$")
+# DOTALL and \Z: a name may hold a newline, and `$` also matches before a final one.
+_TEMP_RE = re.compile(r"\A\.(?P<base>.+)\.tmp-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]+@(?P<host>[^/@]+)\Z", re.DOTALL)
 
 
 def temp_name(final_path: str, owner: Owner | None = None) -> str:
@@ -410,7 +411,7 @@ def file_id(path: str) -> tuple[int, int, int, int] | None:
   """Identity of a local file (device, inode, size, mtime); None if missing."""
   try:
     st = os.stat(path)
-  except FileNotFoundError:
+  except (FileNotFoundError, NotADirectoryError):  # Or a file where a folder on its path should be.
     return None
   return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 

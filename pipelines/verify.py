@@ -57,10 +57,15 @@ def _corrupt_input(e: CorruptRecordError, expected: dict | None, on_corrupt: str
   if on_corrupt == "skip":
     return f"unreadable: {where}, even skipping corrupt records"
   skipped = (expected or {}).get("corrupt_records_skipped")
-  how = (f"the manifest records {skipped} corrupt record(s) skipped when it was converted" if skipped
-         else "its output exists, so it was probably converted with --on-corrupt skip")
-  return (f"{where}; {how}: rerun arrayrecord-verify with --on-corrupt skip to compare the "
-          "records that were kept")
+  if skipped:
+    return (f"{where}; the manifest records {skipped} corrupt record(s) skipped when it was converted: "
+            "rerun arrayrecord-verify with --on-corrupt skip to compare the records that were kept")
+  if expected is not None and skipped == 0:
+    return (f"{where}; the manifest records no corrupt record when it was converted, so the input "
+            "changed or was damaged since: the output may be the only good copy; keep it, and "
+            "re-create or re-download the input")
+  return (f"{where}; its output exists, so it was probably converted with --on-corrupt skip: rerun "
+          "arrayrecord-verify with --on-corrupt skip to compare the records that were kept")
 
 
 def check_shard(inp: str, out: str, expected: dict | None, compression: str,

@@ -283,16 +283,33 @@ def test_skip_existing_never_replaces_a_file_that_is_no_array_record(tmp_path, d
 
 
 def test_an_output_that_is_an_input_is_refused_with_relative_paths_too(tmp_path, dataset, monkeypatch, capsys):
-  inp, _ = dataset
+  inp, recs = dataset
   monkeypatch.chdir(inp.parent)
   base = ["--input", "in/*", "--output", "in", "--quiet", "--workers", "1"]
   assert convert.main(base) == 0  # in/x.tfrecord -> in/x.array_record
   before = mtimes(inp)
   capsys.readouterr()
-  # Now in/* also matches the outputs: converting them would rewrite them in place.
-  assert convert.main(base + ["--overwrite", "--on-corrupt", "skip"]) == 2
-  assert "would overwrite the input of the same name" in capsys.readouterr().err
+  # Named as an input, an output would be rewritten in place.
+  first = sorted(recs)[0]
+  output = f"in/{out_name(first)}"
+  assert convert.main(["--input", f"in/{first}", "--input", output, *base[2:], "--overwrite",
+                       "--on-corrupt", "skip"]) == 2
+  assert f"Output '{output}' would overwrite the input '{inp / out_name(first)}'" in capsys.readouterr().err
   assert mtimes(inp) == before
+
+
+def test_converting_in_place_again_takes_only_the_tfrecord_files_as_inputs(tmp_path, dataset, monkeypatch, ar_read):
+  # in/* now matches the first run's outputs too: ArrayRecord files in the
+  # output folder are outputs, not inputs, so the rerun converts the same files.
+  inp, recs = dataset
+  monkeypatch.chdir(inp.parent)
+  base = ["--input", "in/*", "--output", "in", "--quiet", "--workers", "1"]
+  assert convert.main(base) == 0
+  assert convert.main(base + ["--overwrite"]) == 0
+  manifest = json.loads((inp / "manifest.json").read_text())
+  assert sorted(os.path.basename(s["input"]) for s in manifest["shards"]) == sorted(recs)
+  for name, records in recs.items():
+    assert ar_read(str(inp / out_name(name))) == records
 
 
 def test_a_glob_skips_hidden_files_and_folders_as_the_shell_does(tmp_path, dataset, ar_read):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -283,3 +284,69 @@ def test_a_directory_at_an_output_name_is_refused_before_any_work(tmp_path, smal
         f"arrayrecord-convert: error: Output {taken} is a directory, where this run would write its "
         "file; remove it or choose another --output.")
     assert os.listdir(out) == [taken.name] and os.listdir(taken) == ["keep"]
+
+
+def test_an_output_folder_linked_to_the_input_folder_never_replaces_an_input(tmp_path, capsys):
+  # Inputs `a` and `a.array_record` (a TFRecord file): the output of `a` is named like the second one.
+  inp = tmp_path / "in"
+  recs = {"a": [b"x" * 10], "a.array_record": [b"y" * 10]}
+  for name, r in recs.items():
+    ft.write_tfrecords(str(inp / name), r)
+  before = {n: (inp / n).read_bytes() for n in recs}
+  link = tmp_path / "link"
+  link.symlink_to(inp)
+  for flags in ((), ("--overwrite",)):
+    assert convert.main(args(inp, link, *flags)) == 2
+    assert error_line(capsys) == (
+        f"arrayrecord-convert: error: Output '{link}/a.array_record' would overwrite the input "
+        f"'{inp}/a.array_record' (the same file on disk); choose another --output.")
+    assert {n: (inp / n).read_bytes() for n in recs} == before and sorted(os.listdir(inp)) == sorted(recs)
+
+
+def test_a_users_file_where_an_output_folder_goes_is_refused_before_any_work(tmp_path, capsys):
+  inp, out = tmp_path / "in", tmp_path / "out"
+  ft.write_tfrecords(str(inp / "x" / "a.tfrecord"), [b"a"])
+  ft.write_tfrecords(str(inp / "y" / "b.tfrecord"), [b"b"])
+  out.mkdir()
+  (out / "x").write_text("user data")
+  for flags in ((), ("--overwrite",), ("--skip-existing",)):
+    assert convert.main(args(inp, out, *flags, pattern="*/*.tfrecord")) == 2
+    assert error_line(capsys) == (
+        f"arrayrecord-convert: error: Output {out}/x/a.array_record cannot be written: {out}/x is a file, "
+        "where this run needs a folder; remove it or choose another --output.")
+    assert os.listdir(out) == ["x"] and (out / "x").read_text() == "user data"
+
+
+def test_names_too_long_for_the_temp_file_are_refused_before_any_work(tmp_path, capsys):
+  inp, out = tmp_path / "in", tmp_path / "out"
+  name = "x" * 230 + ".tfrecord"  # Its output name (243 bytes) fits; its temp file's name does not.
+  ft.write_tfrecords(str(inp / name), [b"a"])
+  assert convert.main(args(inp, out)) == 2
+  line = error_line(capsys)
+  assert line.startswith(f"arrayrecord-convert: error: Output name '{'x' * 230}.array_record' is 243 bytes; ")
+  extra = len(f"..tmp-{10**7 - 1}-{10**12}-{'0' * 8}@{ondisk.this_process().host}")  # Around the name.
+  assert "past this filesystem's 255-byte limit" in line and f"have at most {255 - extra} bytes" in line
+  assert not out.exists()
+
+
+def test_a_file_size_limit_says_what_to_raise(tmp_path, small):
+  import resource
+  inp, _ = small
+  out = tmp_path / "out"
+  limit = 100_000  # Each output is ~320 KB.
+  result = subprocess.run(
+      [sys.executable, "-m", CONVERT, *args(inp, out)], cwd=ft.REPO, env=ft.env(), capture_output=True,
+      text=True, timeout=300, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+  assert result.returncode == 1, result.stderr
+  line = ft.one_line(result.stderr)
+  assert "[Errno 27] File too large" in line and "raise the file size limit (`ulimit -f`)" in line
+  assert ft.temps(str(out)) == [] and ft.published(str(out)) == []
+
+
+def test_writer_options_are_checked_without_writing_to_tmpdir(tmp_path, monkeypatch):
+  import tempfile
+  from converter import ConvertOptions
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))  # A $TMPDIR no file can go to.
+  assert ConvertOptions(output_dir=str(tmp_path / "out"), writer_options="group_size:1,zstd:3").writer_options
+  with pytest.raises(ValueError, match="Invalid ArrayRecord writer options 'zstd:99'"):
+    ConvertOptions(output_dir=str(tmp_path / "out"), writer_options="zstd:99")

@@ -423,3 +423,118 @@ def test_an_input_deleted_mid_run_is_exit_1_and_resumable(tmp_path, dataset, ar_
   assert convert.main(convert_args(mine, out, "--skip-existing")) == 0
   for name, records in recs.items():
     assert ar_read(str(out / ft.out_name(name))) == records
+
+
+def _stopped_overwrite(tmp_path, dataset):
+  """An --overwrite run of new records over a converted directory, killed (-9) after one shard."""
+  inp, _ = dataset
+  out = tmp_path / "out"
+  assert convert.main(convert_args(inp, out)) == 0
+  new_inp = tmp_path / "v2"
+  new = ft.make_dataset(str(new_inp), SHARDS, 2000, 1000, seed=7)
+  old = {n: (out / n).read_bytes() for n in ft.published(str(out))}
+  proc = ft.start_cli(CONVERT, *convert_args(new_inp, out, "--overwrite"))
+  ft.wait_for(lambda: ft.temps(str(out)) and any((out / n).read_bytes() != b for n, b in old.items()), proc,
+              what="a shard replaced and the next one half-written")
+  proc.kill()
+  proc.wait()
+  return new_inp, new, out
+
+
+def test_a_refused_rerun_leaves_a_stopped_runs_marker_in_place(tmp_path, dataset, ar_read, capsys):
+  # The rerun is refused after taking the lock; it must not take the stopped
+  # run's marker for its own and remove it (a --skip-existing resume would then
+  # keep shards still holding old data, under a complete manifest).
+  new_inp, new, out = _stopped_overwrite(tmp_path, dataset)
+  marker = (out / "manifest.json").read_bytes()
+  assert convert.main(convert_args(new_inp, out)) == 2
+  assert "did not finish" in ft.one_line(capsys.readouterr().err)
+  assert (out / "manifest.json").read_bytes() == marker
+  assert convert.main(convert_args(new_inp, out, "--skip-existing")) == 0
+  for name, records in new.items():
+    assert ar_read(str(out / ft.out_name(name))) == records
+
+
+_API_RUN = """
+import sys
+import pipelines
+from apache_beam.options.pipeline_options import PipelineOptions
+p = pipelines.convert_tf_to_arrayrecord_disk_match_shards(
+    args={"input": sys.argv[1], "output": sys.argv[2]}, pipeline_options=PipelineOptions(["--runner=DirectRunner"]))
+p.run().wait_until_finish()
+"""
+
+
+def test_two_runs_of_the_python_api_into_one_directory_never_drop_a_split(tmp_path, dataset, ar_read):
+  # The API takes no directory lock: a run that plans while another one's
+  # marker is live is refused; one whose marker was replaced meanwhile fails
+  # instead of publishing a manifest that drops the other's shards.
+  inp, recs = dataset
+  out = tmp_path / "out"
+  other = tmp_path / "other"
+  ft.make_dataset(str(other), 2, 10, 100, seed=3)  # Another split: 2 shards, named ...-of-00002.
+  proc = subprocess.Popen([sys.executable, "-c", _API_RUN, str(inp / "*"), str(out)], cwd=ft.REPO,
+                          env=ft.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
+  ft.stop(proc)
+  try:
+    import pipelines
+    from apache_beam.options.pipeline_options import PipelineOptions
+    second = pipelines.convert_tf_to_arrayrecord_disk_match_shards(
+        args={"input": str(other / "*"), "output": str(out)},
+        pipeline_options=PipelineOptions(["--runner=DirectRunner"]))
+    with pytest.raises(Exception, match="marks a conversion that is still writing this directory") as e:
+      second.run().wait_until_finish()
+    assert f"pid {proc.pid} " in str(e.value)
+  finally:
+    proc.send_signal(signal.SIGCONT)
+  _, stderr = proc.communicate(timeout=300)
+  assert proc.returncode == 0, stderr
+  manifest = json.loads((out / "manifest.json").read_text())
+  assert sorted(os.path.basename(s["output"]) for s in manifest["shards"]) == sorted(map(ft.out_name, recs))
+  assert not any("-of-00002" in n for n in os.listdir(out))
+
+
+def test_a_run_whose_marker_another_run_replaced_publishes_no_manifest(tmp_path):
+  from converter import ConcurrentRunError, ConvertOptions
+  from converter import transforms
+  from converter.manifest import write_incomplete_manifest
+  out = tmp_path / "out"
+  out.mkdir()
+  options = ConvertOptions(output_dir=str(out))
+  results = [{"input": str(tmp_path / "a.tfrecord"), "output": str(out / "a.array_record"), "status": "converted",
+              "records": 1, "bytes_in": 20, "bytes_out": 100, "digest": "x"}]
+  write_incomplete_manifest(str(out), [], writer_options="group_size:1", existing="error", run_id="theirs")
+  theirs = (out / "manifest.json").read_bytes()
+  with pytest.raises(ConcurrentRunError, match="Another conversion replaced .* while this one ran") as e:
+    transforms._write_manifest(results, options, "mine")  # pylint: disable=protected-access
+  assert e.value.exit_code == 1 and (out / "manifest.json").read_bytes() == theirs
+  # Its own marker: published; a retried step that finds its manifest in place: fine.
+  write_incomplete_manifest(str(out), [], writer_options="group_size:1", existing="error", run_id="mine")
+  transforms._write_manifest(results, options, "mine")  # pylint: disable=protected-access
+  assert json.loads((out / "manifest.json").read_text())["totals"]["records"] == 1
+  transforms._write_manifest(results, options, "mine")  # pylint: disable=protected-access
+
+
+def test_converting_in_place_resumes_with_the_same_glob(tmp_path, dataset, ar_read):
+  # --output is the input folder: the resume's `*` also matches the outputs of
+  # the stopped run, which are ArrayRecord files, not inputs.
+  src, recs = dataset
+  inp = tmp_path / "in"
+  shutil.copytree(src, inp)
+  proc = ft.start_cli(CONVERT, *convert_args(inp, inp))
+  ft.wait_for(lambda: ft.mid_run(str(inp)), proc, what="a shard published and one half-written")
+  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(signal.SIGCONT)
+  proc.communicate(timeout=120)
+  assert proc.returncode == 143
+  assert convert.main(convert_args(inp, inp, "--skip-existing")) == 0
+  for name, records in recs.items():
+    assert ar_read(str(inp / ft.out_name(name))) == records
+
+
+def test_a_temp_file_whose_name_holds_a_newline_is_still_recognised():
+  owner = ondisk.this_process()
+  for final in ("a\nb.array_record", "x.array_record\n", "plain.array_record"):
+    name = os.path.basename(ondisk.temp_name(final, owner))
+    assert ondisk.parse_temp_name(name) == (final, owner)

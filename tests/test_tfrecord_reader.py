@@ -422,3 +422,88 @@ def test_errors_survive_pickling():
     assert type(back) is type(e) and str(back) == str(e) and vars(back) == vars(e)
   assert "decompressed stream" in str(errors[0])
   assert errors[1].paths == ["/o/a.array_record", "/o/b.array_record"]
+
+
+def _resync_reference(data: bytes) -> tuple[list[bytes], int]:
+  """The skip-mode records of a damaged uncompressed file, the slow way: all in memory, every offset tried."""
+  records, skipped, pos = [], 0, 0
+  crc = tfrecord.masked_crc
+  while len(data) - pos >= 12:
+    length, length_crc = tfrecord._HEADER.unpack_from(data, pos)
+    if crc(data[pos:pos + 8]) != length_crc:  # Damaged header: the next offset holding a whole valid record.
+      for i in range(pos + 1, len(data) - 11):
+        n, c = tfrecord._HEADER.unpack_from(data, i)
+        if crc(data[i:i + 8]) == c and i + 16 + n <= len(data) and \
+            crc(data[i + 12:i + 12 + n]) == tfrecord._FOOTER.unpack_from(data, i + 12 + n)[0]:
+          skipped, pos = skipped + 1, i
+          break
+      else:
+        return records, -1  # Nothing valid after it: the reader raises.
+      continue
+    end = pos + 16 + length
+    if end > len(data):
+      return records, skipped + 1
+    if crc(data[pos + 12:end - 4]) == tfrecord._FOOTER.unpack_from(data, end - 4)[0]:
+      records.append(data[pos + 12:end - 4])
+    else:
+      skipped += 1
+    pos = end
+  return records, skipped + (len(data) > pos)
+
+
+@pytest.mark.parametrize("chunk", [64, 1000, 1 << 22])
+def test_resync_streams_and_finds_what_a_scan_of_the_whole_file_finds(tmp_path, monkeypatch, chunk):
+  # Damage and junk (random bytes, zeros) across chunk boundaries: the streaming
+  # scan keeps one chunk in memory, and must agree with the all-in-memory scan.
+  monkeypatch.setattr(tfrecord, "_CHUNK", chunk)
+  rng = random.Random(chunk)
+  path = tmp_path / "data.tfrecord"
+  for trial in range(150):
+    recs = [rng.randbytes(rng.choice([0, 1, 5, 100, 3000])) for _ in range(rng.randint(1, 20))]
+    data = bytearray(b"".join(frame(r) for r in recs))
+    for _ in range(rng.randint(1, 3)):
+      data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    if rng.random() < 0.4:
+      at = rng.randrange(len(data))
+      data[at:at] = rng.randbytes(rng.randint(1, 3000)) if rng.random() < 0.5 else bytes(rng.randint(1, 3000))
+    path.write_bytes(bytes(data))
+    want, want_skipped = _resync_reference(bytes(data))
+    reader = TFRecordReader(str(path), compression="none", on_corrupt="skip")
+    if want_skipped == -1:
+      with pytest.raises(CorruptRecordError):
+        list(reader)
+      continue
+    assert (list(reader), reader.stats.skipped) == (want, want_skipped), trial
+
+
+def frame(record: bytes) -> bytes:
+  length = len(record).to_bytes(8, "little")
+  return (length + tfrecord.masked_crc(length).to_bytes(4, "little") + record
+          + tfrecord.masked_crc(record).to_bytes(4, "little"))
+
+
+def test_a_file_that_is_not_tfrecord_says_so(tmp_path, tf_write):
+  from array_record.python.array_record_module import ArrayRecordWriter
+  from converter import NotTFRecordError
+  text = tmp_path / "notes.tfrecord"
+  text.write_text("hello world, this is not a TFRecord file\n" * 100)
+  ar = tmp_path / "done.tfrecord"
+  w = ArrayRecordWriter(str(ar), "group_size:1")
+  w.write(b"x")
+  w.close()
+  for path, what in ((text, "no valid record header in its first 4,100 bytes; it starts with b'hello world"),
+                     (ar, "it is an ArrayRecord file")):
+    for mode in ("fail", "skip"):
+      with pytest.raises(NotTFRecordError) as e:
+        list(TFRecordReader(str(path), on_corrupt=mode))
+      assert str(e.value).startswith(f"{path} is not a TFRecord file: ") and "Give only TFRecord files" in str(e.value)
+      if mode == "fail" or path == ar:
+        assert what in str(e.value)
+  # A TFRecord file whose first header is damaged is still a damaged TFRecord file.
+  recs = small_records()
+  damaged = tmp_path / "data.tfrecord"
+  tf_write(str(damaged), recs)
+  flip(damaged, 2)
+  with pytest.raises(CorruptRecordError) as e:
+    list(read_tfrecords(str(damaged)))
+  assert not isinstance(e.value, NotTFRecordError) and (e.value.record_index, e.value.offset) == (0, 0)

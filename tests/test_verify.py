@@ -153,3 +153,17 @@ def test_output_piped_to_a_reader_that_quits_ends_quietly(converted):
   err = proc.stderr.read().decode()
   assert proc.wait(timeout=300) == 141
   assert err == ""
+
+
+def test_an_input_damaged_after_a_clean_conversion_is_not_blamed_on_skip_mode(copy, capsys):
+  inp, out, _ = copy
+  damaged = inp.parent / "damaged"
+  shutil.copytree(inp, damaged)
+  path = damaged / "v.tfrecord-00000-of-00003"
+  data = bytearray(path.read_bytes())
+  data[17 + 2] ^= 0xFF  # The second record's header.
+  path.write_bytes(bytes(data))
+  assert verify.main(["--input", str(damaged / "v.tfrecord-00000-of-00003"), "--output", str(out)]) == 1
+  stdout = capsys.readouterr().out
+  assert "the manifest records no corrupt record when it was converted, so the input changed" in stdout
+  assert "probably converted with --on-corrupt skip" not in stdout
