@@ -45,6 +45,12 @@ from loader.options import ReadOptions
 from loader.source import ArrayRecordSource
 from loader.source import RandomAccessDataSource
 
+# The Grain release whose API this package implements, under Grain's names:
+# client code that records or checks `grain.__version__` runs unchanged. The
+# toolkit's own version: importlib.metadata.version("arrayrecord-toolkit").
+__version__ = "0.2.18"
+__version_info__ = (0, 2, 18)
+
 # name -> (module, attribute; None for the module itself). Imported on first
 # access: the submodules pull in more of the engine (data_loader, checkpoint)
 # or, for `jax`, JAX when used, and none of it belongs in `import loader` — a

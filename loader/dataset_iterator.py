@@ -232,13 +232,14 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
     ds = self._loader_dataset  # pylint: disable=no-member
     description = self._state_description()
     if not isinstance(state, dict):
-      raise state_lib.StateMismatchError(
+      raise state_lib.StateTypeError(
           f"{type(self).__name__}.set_state expects the dict returned by get_state() "
           f"(got {type(state).__name__}: {state!r:.200}).")
     # Iterators whose state layout is Grain's name its keys (default: MapDatasetIterator's).
-    if set(state) != set(getattr(self, "_grain_state_keys", ("next_index",))):
+    grain_keys = getattr(self, "_grain_state_keys", ("next_index",))
+    if set(state) != set(grain_keys):
       keys = sorted(state) if isinstance(state, dict) else type(state).__name__
-      raise state_lib.StateMismatchError(
+      raise state_lib.mismatch(state, grain_keys,
           f"{type(self).__name__}.set_state: this state (keys {keys}) has no pipeline description (written by "
           f"Grain?) and does not have the layout of this pipeline's iterator ({' -> '.join(description)}), so it "
           "cannot be resumed exactly here (Grain's mp_prefetch states also depend on Grain's worker count). "

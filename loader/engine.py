@@ -615,7 +615,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
 
   def _move_to(self, k: Any, what: str) -> None:
     if not checks.is_int(k) or not 0 <= k <= self._len:
-      error = state_lib.PositionOutOfRangeError if checks.is_int(k) else state_lib.StateMismatchError
+      error = state_lib.PositionOutOfRangeError if checks.is_int(k) else state_lib.StateTypeError
       raise error(
           f"{type(self).__name__}.{what}: next_index must be an integer in "
           f"[0, {self._len}] for this dataset (got {k!r}); was the state saved from another dataset?")

@@ -57,6 +57,14 @@ class RandomAccessDataSource(Protocol[T]):
     ...
 
 
+class MissingFileError(FileNotFoundError, RuntimeError):
+  """A path that names no file (a RuntimeError too: Grain's reader raises one there)."""
+
+
+class NotArrayRecordError(ValueError, RuntimeError):
+  """A file that is not a readable ArrayRecord file (a RuntimeError too, as Grain raises)."""
+
+
 class FileChangedError(RuntimeError):
   """A file of an open ArrayRecordSource was truncated, replaced or deleted."""
 
@@ -168,7 +176,7 @@ def _warn_group_size(path: str, writer_options: str) -> None:
 def _open_reader(path: str, options: str):
   reader_cls = _reader_class()
   if not os.path.exists(path):
-    raise FileNotFoundError(f"ArrayRecord file not found: {path}")
+    raise MissingFileError(f"ArrayRecord file not found: {path}")
   try:
     reader = reader_cls(path, options)
   except RuntimeError as e:
@@ -186,11 +194,11 @@ def _open_reader(path: str, options: str):
   return reader
 
 
-def _unreadable(path: str, reader_status: str) -> ValueError:
+def _unreadable(path: str, reader_status: str) -> NotArrayRecordError:
   what = _describe_non_array_record(path)
   lead = "cannot be read as an ArrayRecord file" if what.startswith("it starts like one") else (
       "is not an ArrayRecord file")
-  return ValueError(f"{path} {lead}: {what} (reader: {reader_status}).")
+  return NotArrayRecordError(f"{path} {lead}: {what} (reader: {reader_status}).")
 
 
 def _span_options(options: str) -> str:
@@ -222,7 +230,7 @@ def _read_manifest(directory: str) -> list[tuple[str, int]]:
     output = shard["output"]
     located = _locate_shard(directory, output, manifest)
     if not os.path.exists(located):
-      raise FileNotFoundError(f"{path} lists shard {output!r}, which is not at {located}.")
+      raise MissingFileError(f"{path} lists shard {output!r}, which is not at {located}.")
     out.append((located, shard["records"]))
   return out
 
@@ -310,17 +318,17 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
       found = sorted(f for f in glob.glob(os.path.join(glob.escape(p), "*.array_record*"))
                      if os.path.isfile(f))
       if not found:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"Directory {p} has neither a {MANIFEST_NAME} nor any *.array_record* files.")
       _check_complete_directory(p, found)
       files.extend((f, None) for f in found)
     elif glob.has_magic(p):
       found = sorted(f for f in glob.glob(p) if os.path.isfile(f))
       if not found:
-        raise FileNotFoundError(f"No files match the pattern {p!r}.")
+        raise MissingFileError(f"No files match the pattern {p!r}.")
       files.extend((f, None) for f in found)
     elif not os.path.exists(p):
-      raise FileNotFoundError(f"ArrayRecord file not found: {p}")
+      raise MissingFileError(f"ArrayRecord file not found: {p}")
     else:
       files.append((p, None))
   return files

@@ -116,7 +116,7 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
       return
     for (f, _, _), entry in zip(split, entries):
       if not os.path.isfile(f):
-        raise FileNotFoundError(f"{f} (from {entry!r}) is not a file; with file instructions or "
+        raise source_lib.MissingFileError(f"{f} (from {entry!r}) is not a file; with file instructions or "
                                 "'file[start:end]' ranges, every path must name one ArrayRecord file.")
     super().__init__([f for f, _, _ in split], reader_options=options)
     self._set_ranges(split)

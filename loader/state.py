@@ -45,6 +45,26 @@ class StateMismatchError(ValueError):
   """A state that does not belong to this pipeline (or cannot be resumed exactly)."""
 
 
+class StateTypeError(StateMismatchError, TypeError):
+  """A state that is not the dict get_state() returns, or holds a value of the wrong type (a TypeError too, as Grain raises)."""
+
+
+class StateKeyError(StateMismatchError, KeyError):
+  """A state without a key this iterator reads (a KeyError too, as Grain raises)."""
+
+  def __str__(self) -> str:  # KeyError's would show the message as a quoted repr.
+    return str(self.args[0]) if self.args else ""
+
+
+def mismatch(state: Any, keys: Sequence[str], message: str) -> StateMismatchError:
+  """The StateMismatchError for a state that is not a dict with `keys`, of the type Grain raises there."""
+  if not isinstance(state, dict):
+    return StateTypeError(message)
+  if not set(keys) <= set(state):
+    return StateKeyError(message)
+  return StateMismatchError(message)
+
+
 class PositionOutOfRangeError(StateMismatchError, IndexError):
   """A state's position past the end of this dataset (an IndexError too, as Grain raises)."""
 
@@ -119,7 +139,7 @@ def strip(state: Any) -> Any:
 def check(state: Any, description: Sequence[str], owner: str) -> None:
   """Raises StateMismatchError unless a stamped `state` belongs to `description`."""
   if not isinstance(state, dict):
-    raise StateMismatchError(
+    raise StateTypeError(
         f"{owner}.set_state expects the dict returned by get_state() (got {type(state).__name__}: {state!r:.200}).")
   version = state.get(VERSION_KEY)
   saved = state.get(PIPELINE_KEY)
@@ -161,6 +181,6 @@ def same_but_for_source_identity(saved: Any, mine: Any) -> bool:
 def check_keys(state: Any, keys: Sequence[str], owner: str) -> None:
   """Raises a clear error unless `state` is a dict with exactly `keys`."""
   if not isinstance(state, dict) or set(state) != set(keys):
-    raise StateMismatchError(
-        f"{owner}.set_state: expected a state dict with keys {sorted(keys)}, got "
-        f"{state!r:.300}. Was it saved from a different pipeline?")
+    raise mismatch(state, keys,
+                   f"{owner}.set_state: expected a state dict with keys {sorted(keys)}, got "
+                   f"{state!r:.300}. Was it saved from a different pipeline?")

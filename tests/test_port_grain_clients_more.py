@@ -345,6 +345,31 @@ def attempt():
       grain.experimental.InterleaveIterDataset([ds1, ds2], cycle_length=1),
       grain.experimental.DatasetOptions(filter_raise_threshold_ratio=0.1)))
 """),
+    # Client code restoring a state of the wrong shape, or opening a missing or foreign file.
+    "state_without_its_key": ("KeyError", """
+def attempt():
+  iter(grain.MapDataset.range(10).shuffle(seed=1).to_iter_dataset()).set_state({"step": 3})
+"""),
+    "state_that_is_none": ("TypeError", """
+def attempt():
+  iter(grain.MapDataset.range(10).to_iter_dataset()).set_state(None)
+"""),
+    "state_position_of_another_type": ("TypeError", """
+def attempt():
+  iter(grain.MapDataset.range(10).to_iter_dataset()).set_state({"next_index": "3"})
+"""),
+    "array_record_file_missing": ("RuntimeError", """
+def attempt():
+  grain.sources.ArrayRecordDataSource("/nonexistent/data.array_record")
+"""),
+    "not_an_array_record_file": ("RuntimeError", """
+import tempfile
+def attempt():
+  with tempfile.NamedTemporaryFile(suffix=".array_record") as f:
+    f.write(b"some text, not ArrayRecord")
+    f.flush()
+    grain.sources.ArrayRecordDataSource(f.name)[0]
+"""),
 }
 
 
@@ -504,3 +529,36 @@ for ds in [grain.MapDataset.range(20).to_iter_dataset(),
 def test_get_and_set_next_index_as_on_grain():
   g, l = porting.run_both(NEXT_INDEX)
   assert plain(l.out) == plain(g.out)
+
+
+# Run metadata and version gates (`{"grain": grain.__version__}`); kauldron's
+# `from grain._src.core import constants`; tree helpers and the package's
+# modules as attributes (crossformer: `gd.dataset`, `gd.stats`).
+VERSION_AND_CORE = """
+import numpy as np
+import grain
+from grain._src.core import config, constants, tree_lib
+from grain._src.python import dataset as gd
+from grain._src.python.dataset.transformations import prefetch, process_prefetch
+
+version = (grain.__version__, list(grain.__version_info__))
+gate = tuple(int(p) for p in grain.__version__.split(".")[:2]) >= (0, 2)
+keys = [constants.INDEX, constants.SEED, constants.RECORD_KEY]
+tree = {"a": [1, 2, (3, None)], "b": np.arange(2)}
+flat = tree_lib.flatten(tree)
+rebuilt = tree_lib.unflatten_as(tree, list(range(len(flat))))
+doubled = tree_lib.map_structure(lambda x: x * 2, tree)
+paths = [len(p) for p, _ in tree_lib.flatten_with_path(tree)]
+is_prefetch = isinstance(grain.MapDataset.range(3).to_iter_dataset(), prefetch.PrefetchIterDataset)
+rebuilt_prefetch = list(prefetch.PrefetchIterDataset(grain.MapDataset.range(3), read_options=grain.ReadOptions()))
+modules = [gd.dataset.MapDataset is grain.MapDataset, hasattr(gd.stats, "Stats")]
+kill_timeout_is_a_number = isinstance(process_prefetch._PROCESS_KILL_TIMEOUT_S, (int, float))
+config.config.update("py_debug_mode", False)
+"""
+
+
+def test_version_core_modules_and_tree_helpers_as_on_grain():
+  g, l = porting.run_both(VERSION_AND_CORE)
+  for name in ("version", "gate", "keys", "flat", "rebuilt", "doubled", "paths", "is_prefetch", "rebuilt_prefetch",
+               "modules", "kill_timeout_is_a_number"):
+    assert plain(getattr(l, name)) == plain(getattr(g, name)), name

@@ -24,6 +24,9 @@ from typing import Any
 
 # Grain 0.2.18 module (under grain._src) -> {name: "loader module:attribute"}.
 _MODULES: dict[str, dict[str, str]] = {
+    "core.config": {"config": "loader.config:config"},
+    "core.constants": {n: f"loader.constants:{n}" for n in (
+        "DATASET_INDEX", "EPOCH", "INDEX", "META_FEATURES", "RECORD", "RECORD_KEY", "SEED")},
     "core.sharding": {n: f"loader.sharding:{n}" for n in (
         "ShardOptions", "NoSharding", "ShardByJaxProcess", "even_split", "get_process_index_and_count")},
     "core.transforms": {n: f"loader.transforms:{n}" for n in (
@@ -71,8 +74,13 @@ _MODULES: dict[str, dict[str, str]] = {
         "FirstFitPackIterDataset", "BestFitPackIterDataset")},
     "python.dataset.transformations.packing_concat_then_split": {n: f"loader.experimental:{n}" for n in (
         "BOSHandling", "ConcatThenSplitIterDataset")},
-    "python.dataset.transformations.prefetch": {n: f"loader.experimental:{n}" for n in (
-        "ThreadPrefetchIterDataset", "ThreadPrefetchDatasetIterator", "multithread_prefetch")},
+    "python.dataset.transformations.prefetch": {
+        # What MapDataset.to_iter_dataset() makes: the same constructor (parent, *, read_options, allow_nones).
+        "PrefetchIterDataset": "loader.iter_dataset:MapBackedIterDataset",
+        **{n: f"loader.experimental:{n}" for n in (
+            "ThreadPrefetchIterDataset", "ThreadPrefetchDatasetIterator", "multithread_prefetch")}},
+    # Read by clients that tune worker shutdown; loader's own grace period.
+    "python.dataset.transformations.process_prefetch": {"_PROCESS_KILL_TIMEOUT_S": "loader.mp_prefetch:_STOP_GRACE_S"},
     "python.dataset.transformations.prefetch_autotune": {n: f"loader.experimental:{n}" for n in (
         "PerformanceConfig", "pick_performance_config")},
     "python.dataset.transformations.rebatch": {"RebatchIterDataset": "loader.experimental:RebatchIterDataset"},

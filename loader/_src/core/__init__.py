@@ -1,0 +1,1 @@
+"""`grain._src.core`: see `loader._src`."""
