@@ -111,7 +111,9 @@ def default_seed(parent: Any) -> int | None:
   while to_visit:
     node, depth = to_visit.pop(0)
     seed = getattr(node, "_seed_rng_seed", None)
-    if seed is not None:
+    if getattr(node, "_seed_transparent", False):
+      to_visit.extend((p, depth) for p in getattr(node, "parents", ()) or ())
+    elif seed is not None:
       # An IterDataset.seed() folded into the MapDataset lies one level deeper
       # than Grain's node above to_iter_dataset(): count it where Grain has it.
       aggregated.extend((seed, depth - 1 if getattr(node, "_iter_level_seed", False) else depth))

@@ -285,7 +285,11 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
   Close it (or use it as a context manager) to stop worker processes early.
   """
 
-  def __init__(self, data_loader: DataLoader, state: bytes | None = None):
+  def __init__(self, data_loader: DataLoader, state: bytes | None = None, validate_state: bool = True):
+    # validate_state: Grain's switch for comparing a state's worker count and
+    # sampler with the loader's. Accepted; loader always checks the pipeline
+    # description, since a state of another pipeline would resume elsewhere.
+    del validate_state
     self._data_loader = data_loader
     self._iterator = iter(data_loader._pipeline.dataset)  # pylint: disable=protected-access
     if state is not None:

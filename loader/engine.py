@@ -592,7 +592,10 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
       self._error = check.error()
 
   def get_state(self) -> dict[str, Any]:
-    return {"next_index": self._buffer_start + self._pos}
+    # Counted as Grain does: a batch after to_iter_dataset() (folded here)
+    # counts the elements it consumed, not batches.
+    k = self._buffer_start + self._pos
+    return {"next_index": k if self._unit == 1 else min(k * self._unit, self._unit_len)}
 
   def set_state(self, state: dict[str, Any]) -> None:
     counts = []
@@ -609,7 +612,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
         raise state_lib.StateMismatchError(
             f"{type(self).__name__}.set_state: the Grain state's {key}={count!r} does not match its position "
             f"next_index={k!r}; was it saved from a different pipeline?")
-    if dataset_iterator.restoring_foreign_state() and checks.is_int(k) and self._unit > 1:
+    if checks.is_int(k) and self._unit > 1:
       k = self._from_grain_position(int(k))
     self._move_to(k, "set_state")
 
@@ -633,11 +636,16 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     self._move_to(index, "set_next_index")
 
   def _from_grain_position(self, k: int) -> int:
-    if self._unit_len is not None and k >= self._unit_len:
+    """Our position (in folded batches) of a state's next_index (in elements before the batch)."""
+    if not 0 <= k <= self._unit_len:
+      raise state_lib.PositionOutOfRangeError(
+          f"{type(self).__name__}.set_state: next_index counts elements before .batch({self._unit}) and must be "
+          f"in [0, {self._unit_len}] for this dataset (got {k}); was the state saved from another dataset?")
+    if k == self._unit_len:
       return self._len
     if k % self._unit:
       raise state_lib.StateMismatchError(
-          f"{type(self).__name__}.set_state: the Grain state's next_index={k} counts elements before "
+          f"{type(self).__name__}.set_state: the state's next_index={k} counts elements before "
           f".batch({self._unit}) and falls inside a batch, so it cannot be resumed exactly; start over.")
     return k // self._unit
 

@@ -573,6 +573,9 @@ class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
 
   _same_as_grain = True
   _state_transparent = True  # The stream does not depend on the workers.
+  # Nor do seeds derived below it: Grain's mp_prefetch with 0 workers is no
+  # node at all, and any worker count must draw what 0 workers draw.
+  _seed_transparent = True
 
   def __init__(self, parent: iter_lib.IterDataset, options: options_lib.MultiprocessingOptions | None,
                worker_init_fn: Callable[[int, int], None] | None):

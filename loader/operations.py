@@ -95,6 +95,9 @@ class BatchOperation(Generic[_IN, _OUT]):
   def __post_init__(self):
     checks.check_int(self.batch_size, "batch_size", minimum=1)
 
+  def disable_deprecation_message(self) -> None:
+    """Grain's switch for its deprecation log line; loader logs none."""
+
   def __call__(self, input_iterator: Iterator[record.Record[_IN]]) -> Iterator[record.Record[_OUT]]:
     batch_fn = self.batch_fn or batching.make_batch
     values: list[Any] = []

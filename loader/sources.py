@@ -158,8 +158,8 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
     entry = np.searchsorted(self._ranges["ends"], idx, side="right")
     return super().read(idx + self._ranges["offsets"][entry])
 
-  def __getitem__(self, index: SupportsIndex) -> bytes:
-    i = index.__index__()
+  def __getitem__(self, record_key: SupportsIndex) -> bytes:  # Grain's parameter name.
+    i = record_key.__index__()
     if not -len(self) <= i < len(self):
       raise IndexError(f"Record index {i} out of range for a source of {len(self)} records.")
     return self.read([i])[0]

@@ -25,10 +25,13 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-VERSION = 3
+VERSION = 4
 # Version 2 shuffled in another order (before shuffles followed Grain's): its
 # states still resume pipelines without a shuffle.
 _SHUFFLE_FREE_VERSIONS = (2,)
+# Up to version 3, a batch after to_iter_dataset() counted batches (now
+# elements, as Grain's state does): those states resume pipelines without one.
+_BATCH_COUNTING_VERSIONS = (2, 3)
 # Keys added to the state of the outermost iterator.
 VERSION_KEY = "loader_state_version"
 PIPELINE_KEY = "pipeline"
@@ -143,8 +146,9 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
         f"{owner}.set_state expects the dict returned by get_state() (got {type(state).__name__}: {state!r:.200}).")
   version = state.get(VERSION_KEY)
   saved = state.get(PIPELINE_KEY)
-  if version in _SHUFFLE_FREE_VERSIONS and isinstance(saved, list) and not any(
-      "shuffle" in str(op) for op in saved):
+  if (version in _BATCH_COUNTING_VERSIONS and isinstance(saved, list)
+      and not any("to_iter_dataset(unit=" in str(op) for op in saved)
+      and (version not in _SHUFFLE_FREE_VERSIONS or not any("shuffle" in str(op) for op in saved))):
     version = VERSION
   if version != VERSION:
     raise StateMismatchError(

@@ -43,7 +43,7 @@ def test_state_is_json_and_self_describing():
   assert state["loader_state_version"] == state_lib.VERSION
   assert state["pipeline"] == ["source(range(0, 50))", "shuffle(seed=1)", "map",
                                "batch(4, drop_remainder=False)", "to_iter_dataset(unit=4)"]
-  assert state["next_index"] == 3
+  assert state["next_index"] == 12  # As Grain's state: elements before the batch after to_iter_dataset().
 
 
 @pytest.mark.parametrize("other, difference", [
@@ -262,14 +262,27 @@ def test_grain_state_through_folded_iterator_stages_resumes_at_every_step(name):
 
 def test_states_of_the_previous_format_restore_only_without_a_shuffle():
   # Version 2 shuffled in another order: its positions mean other elements now.
-  plain = loader.MapDataset.range(20).map(lambda x: x + 1).to_iter_dataset().batch(2)
+  plain = loader.MapDataset.range(20).map(lambda x: x + 1).batch(2).to_iter_dataset()
   state = {**_state_after(plain, 3), "loader_state_version": 2}
   it = iter(plain)
   it.set_state(state)
   assert next(it).tolist() == [7, 8]
-  shuffled = _pipeline()
+  shuffled = loader.MapDataset.range(20).shuffle(seed=1).batch(2).to_iter_dataset()
   with pytest.raises(state_lib.StateMismatchError, match="format version 2 is not supported"):
     iter(shuffled).set_state({**_state_after(shuffled, 2), "loader_state_version": 2})
+
+
+def test_states_that_counted_batches_after_to_iter_dataset_are_refused():
+  # Up to version 3 a batch after to_iter_dataset() counted batches; now elements, as Grain's state does.
+  folded = loader.MapDataset.range(20).shuffle(seed=1).to_iter_dataset().batch(2)
+  state = _state_after(folded, 3)
+  assert state["next_index"] == 6
+  with pytest.raises(state_lib.StateMismatchError, match="format version 3 is not supported"):
+    iter(folded).set_state({**state, "next_index": 3, "loader_state_version": 3})
+  unfolded = loader.MapDataset.range(20).shuffle(seed=1).batch(2).to_iter_dataset()
+  it = iter(unfolded)
+  it.set_state({**_state_after(unfolded, 3), "loader_state_version": 3})
+  assert next(it).tolist() == list(loader.MapDataset.range(20).shuffle(seed=1).batch(2)[3])
 
 
 def test_grain_mp_prefetch_state_is_refused(grain_run):

@@ -562,3 +562,83 @@ def test_version_core_modules_and_tree_helpers_as_on_grain():
   for name in ("version", "gate", "keys", "flat", "rebuilt", "doubled", "paths", "is_prefetch", "rebuilt_prefetch",
                "modules", "kill_timeout_is_a_number"):
     assert plain(getattr(l, name)) == plain(getattr(g, name)), name
+
+
+# Clients read and write `state["next_index"]` (ttt logs it after a restore):
+# after to_iter_dataset().batch(n) Grain's state counts elements, not batches.
+BATCH_STATE = """
+import json
+import grain
+ds = grain.MapDataset.range(11).shuffle(seed=4).to_iter_dataset().batch(3)
+it = iter(ds)
+positions, restored = [], []
+for _ in ds:
+  next(it)
+  state = json.loads(json.dumps(it.get_state()))
+  positions.append(state["next_index"])
+  again = iter(ds)
+  again.set_state(state)
+  restored.append([b.tolist() for b in again])
+dropped = grain.MapDataset.range(11).to_iter_dataset().batch(3, drop_remainder=True)
+it = iter(dropped)
+dropped_positions = [it.get_state()["next_index"] for _ in iter(dropped) if next(it) is not None]
+"""
+
+
+def test_a_batch_after_to_iter_dataset_counts_elements_in_the_state_as_on_grain():
+  g, l = porting.run_both(BATCH_STATE)
+  for name in ("positions", "restored", "dropped_positions"):
+    assert plain(getattr(l, name)) == plain(getattr(g, name)), name
+
+
+def test_grain_resumes_a_loader_state_of_a_batch_after_to_iter_dataset():
+  import grain  # pylint: disable=g-import-not-at-top
+  import loader  # pylint: disable=g-import-not-at-top
+  ours = loader.MapDataset.range(11).shuffle(seed=4).to_iter_dataset().batch(3)
+  it = iter(ours)
+  next(it)
+  next(it)
+  theirs = iter(grain.MapDataset.range(11).shuffle(seed=4).to_iter_dataset().batch(3))
+  theirs.set_state(it.get_state())  # Grain reads next_index and ignores loader's description.
+  assert plain(list(theirs)) == plain(list(it))
+
+
+# Grain's mp_prefetch with 0 workers is no node, so a random_map after it draws
+# with the seed an upstream seed() gives; loader's draws so with any worker count.
+SEED_THROUGH_MP_PREFETCH = """
+import grain
+rm = lambda x, rng: int(x) * 1000 + int(rng.integers(1000))
+ds = grain.MapDataset.range(4).seed(53).to_iter_dataset()
+direct = list(ds.random_map(rm))
+no_workers = list(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=0)).random_map(rm))
+"""
+
+
+def test_a_seed_reaches_a_random_map_after_mp_prefetch_without_workers_as_on_grain():
+  g, l = porting.run_both(SEED_THROUGH_MP_PREFETCH)
+  assert l.direct == l.no_workers == g.direct == g.no_workers
+
+
+GRAIN_KEYWORDS_AND_HOOKS = """
+import grain
+from grain.experimental import CacheIterDataset, InterleaveIterDataset
+cached = list(CacheIterDataset(parent=grain.MapDataset.range(3).to_iter_dataset()))
+inter = InterleaveIterDataset([grain.MapDataset.range(i * 10, i * 10 + 2).to_iter_dataset() for i in range(4)],
+                              cycle_length=2)
+inter.set_slice(slice(1, None, 2))
+sliced = list(inter)
+import grain.python as gp
+op = gp.BatchOperation(batch_size=2)
+op.disable_deprecation_message()
+dl = grain.DataLoader(data_source=grain.sources.RangeDataSource(0, 4, 1),
+                      sampler=grain.samplers.SequentialSampler(4, grain.sharding.NoSharding()),
+                      operations=[grain.transforms.Batch(2)])
+batches = [b.tolist() for b in grain.DataLoaderIterator(dl, None, validate_state=False)]
+"""
+
+
+def test_grain_keywords_and_hooks_clients_call():
+  g, l = porting.run_both(GRAIN_KEYWORDS_AND_HOOKS)
+  assert l.cached == g.cached == [0, 1, 2]
+  assert l.sliced == g.sliced
+  assert l.batches == g.batches == [[0, 1], [2, 3]]

@@ -31,6 +31,9 @@ class CacheIterDataset(iter_lib.SequentialIterDataset[T]):
 
   _same_as_grain = True
 
+  def __init__(self, parent: iter_lib.IterDataset[T]):  # Grain's keyword: CacheIterDataset(parent=ds).
+    super().__init__(parent)
+
   def _op_repr(self) -> str:
     return ".cache()"
 

@@ -83,6 +83,14 @@ class InterleaveIterDataset(iter_lib.IterDataset[T]):
   def _num_datasets(self) -> int:
     return len(self._datasets) if self._datasets is not None else len(self._parents)
 
+  def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+    """Keeps only `datasets[sl]` (Grain's hook for slicing work between processes)."""
+    del sequential_slice
+    if self._datasets is not None:
+      self._datasets = self._datasets[sl]
+    else:
+      self._parents = tuple(self._parents[sl])
+
   def _op_repr(self) -> str:
     return f".interleave(cycle_length={self._cycle_length})"
 
