@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import json
 import os
 import pathlib
@@ -66,9 +67,12 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
     record["state"] = state
   path = os.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
   data = json.dumps(record, indent=1, sort_keys=True)
-  fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+  try:
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+  except OSError as e:
+    raise _save_error(e, path) from e
   try:
     with os.fdopen(fd, "w") as f:
       f.write(data)
@@ -80,13 +84,22 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
       os.unlink(tmp)
     except FileNotFoundError:
       pass
-    if isinstance(e, OSError) and not e.filename:
-      # A full disk or quota says nothing about where it was writing.
-      kept = "is unchanged" if os.path.exists(path) else "was not created"
-      raise OSError(e.errno, f"{e.strerror}: cannot save the iterator state to {path}; the file {kept}. "
-                    "Free space there or save elsewhere", path) from e
+    if isinstance(e, OSError) and (not e.filename or e.filename == tmp):
+      raise _save_error(e, path) from e  # A full disk says nothing about where it was writing.
     raise
   return state
+
+
+def _save_error(e: OSError, path: str) -> OSError:
+  """One line for a failed save_state: the checkpoint's path, what became of it, what to do."""
+  kept = "is unchanged" if os.path.exists(path) else "was not created"
+  if e.errno in (errno.ENOSPC, errno.EDQUOT):
+    fix = "Free space there or save elsewhere"
+  elif isinstance(e, (FileExistsError, NotADirectoryError)):
+    fix = "A part of its folder's path is a file: save elsewhere"
+  else:
+    fix = "Save elsewhere, or fix the folder's permissions or mount"
+  return OSError(e.errno, f"{e.strerror}: cannot save the iterator state to {path}; the file {kept}. {fix}", path)
 
 
 def load_state(path: str | os.PathLike) -> Any:
@@ -154,7 +167,18 @@ async def background_load(directory: Any, set_state_fn: Callable[[str], None]) -
   path = _process_file(directory)
   if not await asyncio.to_thread(path.exists):
     raise ValueError(f"No iterator state for this process: {path} does not exist.")
-  set_state_fn(await asyncio.to_thread(path.read_text))
+  _set_state_from_file(set_state_fn, path, await asyncio.to_thread(path.read_bytes))
+
+
+def _set_state_from_file(set_state_fn: Callable[[str], None], path: Any, raw: bytes) -> None:
+  """Passes a state file's text on; a file that is no JSON text is named in one line."""
+  try:
+    text = raw.decode("utf-8")
+    json.loads(text)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} is not an iterator state (damaged or not JSON: {e}); restore another "
+                     "checkpoint step.") from e
+  set_state_fn(text)
 
 
 class OrbaxCheckpointable:
@@ -198,7 +222,7 @@ class CheckpointHandler:
     path = _process_file(directory)
     if not path.exists():
       raise ValueError(f"No iterator state for this process: {path} does not exist.")
-    set_state_text(item, path.read_text())
+    _set_state_from_file(lambda text: set_state_text(item, text), path, path.read_bytes())
     start = getattr(item, "start_prefetch", None)
     if start is not None:
       start()

@@ -612,7 +612,12 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
         raise state_lib.StateMismatchError(
             f"{type(self).__name__}.set_state: the Grain state's {key}={count!r} does not match its position "
             f"next_index={k!r}; was it saved from a different pipeline?")
-    if checks.is_int(k) and self._unit > 1:
+    if self._unit > 1:
+      if not checks.is_int(k):
+        raise state_lib.StateTypeError(
+            f"{type(self).__name__}.set_state: next_index counts elements before .batch({self._unit}) and must be "
+            f"an integer in [0, {self._unit_len}] for this dataset (got {k!r}); was the state saved from another "
+            "dataset?")
       k = self._from_grain_position(int(k))
     self._move_to(k, "set_state")
 

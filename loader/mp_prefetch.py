@@ -74,7 +74,15 @@ def _dumps(obj: Any) -> bytes:
       raise TypeError(
           "mp_prefetch could not pickle the pipeline (lambdas and local "
           "functions need cloudpickle: pip install cloudpickle).") from e
-  return cloudpickle.dumps(obj)
+  try:
+    return cloudpickle.dumps(obj)
+  except Exception as e:  # pylint: disable=broad-except
+    # Keeps its type (as Grain's own cloudpickling raises it); the note says where it came from.
+    e.add_note("mp_prefetch sends the pipeline (its sources and functions, with what they refer to) to its "
+               "worker processes with cloudpickle, and something in it cannot be pickled. Create such objects "
+               "(locks, open files, clients) inside the function, e.g. on its first call, or use num_workers=0 "
+               "(DataLoader: worker_count=0).")
+    raise
 
 
 def _describe(error: BaseException) -> tuple[str, bytes | None]:
@@ -160,8 +168,7 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
         if ipc.segment_name(desc) is not None:
           outstanding.add(name)
     except Exception as e:  # pylint: disable=broad-except
-      # E.g. an element that cannot be pickled: report it at the chunk start.
-      desc, error = ipc.encode([], name), e
+      desc, error = _encode_before_failure(elements, name, e, lock, outstanding)
     del elements
     failure = None if error is None else _describe(error)
     try:
@@ -169,6 +176,29 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
     except (BrokenPipeError, OSError):
       orphaned()
   conn.close()
+
+
+def _encode_before_failure(elements: list, name: str, error: Exception, lock: threading.Lock,
+                           outstanding: set) -> tuple[tuple, BaseException]:
+  """A chunk that did not encode: (its elements before the first that cannot be pickled, that one's error).
+
+  As with a map that raises, the elements before it arrive and the error is
+  raised at its own position. If every element pickles alone (the failure
+  was not an element's), the error is reported at the chunk's start.
+  """
+  for at, x in enumerate(elements):
+    try:
+      pickle.dumps(x, protocol=5, buffer_callback=lambda _: None)
+    except Exception as e:  # pylint: disable=broad-except
+      try:
+        with lock:
+          desc = ipc.encode(elements[:at], name)
+          if ipc.segment_name(desc) is not None:
+            outstanding.add(name)
+        return desc, e
+      except Exception:  # pylint: disable=broad-except
+        break
+  return ipc.encode([], name), error
 
 
 def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = None) -> None:
@@ -185,15 +215,22 @@ def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = 
   deadline = time.monotonic() + _STOP_GRACE_S
   for proc, conn in zip(procs, conns):
     # Keep reading while waiting: a worker blocked on a full pipe cannot exit.
+    # A pipe out of step (a read an interrupt cut short) is only waited on;
+    # the segments of what it held go with the sweep below.
+    in_step = True
     while True:
       try:
-        if conn.poll(0.02):
+        if in_step and conn.poll(0.02):
           msg = conn.recv()
           if msg[0] == "ok":
             ipc.release(msg[_DESC])
           continue
+        if not in_step:
+          proc.join(0.02)
       except (EOFError, OSError, ValueError):
         pass
+      except Exception:  # pylint: disable=broad-except  # E.g. UnpicklingError: mid-message.
+        in_step = False
       if not proc.is_alive():
         break
       if time.monotonic() > deadline:
@@ -204,16 +241,17 @@ def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = 
         break
     proc.join(1.0)
     try:
-      while conn.poll(0):
+      while in_step and conn.poll(0):
         msg = conn.recv()
         if msg[0] == "ok":
           ipc.release(msg[_DESC])
-    except (EOFError, OSError, ValueError):
+    except Exception:  # pylint: disable=broad-except  # Closed, or out of step: the sweep frees the rest.
       pass
     conn.close()
   procs.clear()
   conns.clear()
   ipc.sweep(shm_prefix)
+  multiprocessing.active_children()  # Reaps workers a start cut short never listed (no zombies).
 
 
 def _has_main_guard(path: str) -> bool:
@@ -295,6 +333,10 @@ class _WorkerPool:
     self.load = [0] * self.num_workers  # Elements outstanding per worker.
     self._released: list[list[str]] = [[] for _ in range(self.num_workers)]
     self.error: BaseException | None = None
+    self._stopping = False  # Workers that must be stopped before any start (see restart).
+    # An interrupt (Ctrl-C) that came while waiting for a result, when no
+    # message was cut short: the workers can go on (see next_chunk).
+    self.interrupted_waiting = False
     self._attached = 0
     self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash)
 
@@ -311,10 +353,15 @@ class _WorkerPool:
     return leaf
 
   def start(self) -> None:
+    if self._stopping:  # A restart (or a start) that an interrupt cut short: finish it first.
+      _shutdown(self.procs, self.conns, self.prefix, self._stash)
+      self._stopping = False
     if self.procs:
       return
     if not self._finalizer.alive:
       raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+    # Until every worker runs, the set is not usable: an interrupt meanwhile leaves it to be stopped.
+    self._stopping = True
     payload = _dumps((list(zip(self.leaves, self._threads)), self.worker_init_fn))
     ctx = multiprocessing.get_context("spawn")
     with _spawn_context():
@@ -328,13 +375,21 @@ class _WorkerPool:
         child_conn.close()
         self.procs.append(proc)
         self.conns.append(parent_conn)
+    self._stopping = False
 
   def restart(self) -> None:
-    """Stops the workers (after an interrupt mid-message); the next start() makes new ones."""
-    _shutdown(self.procs, self.conns, self.prefix, self._stash)  # Empties the stashes in place.
+    """Stops the workers (after an interrupt mid-message); the next start() makes new ones.
+
+    The bookkeeping comes first: a second interrupt during the (slow) stop
+    must not leave parts reading results of the old workers. The next start()
+    then finishes the stop.
+    """
+    self.restarts += 1
+    self._stopping = True
     self._released = [[] for _ in range(self.num_workers)]
     self.load = [0] * self.num_workers
-    self.restarts += 1
+    _shutdown(self.procs, self.conns, self.prefix, self._stash)  # Empties the stashes in place.
+    self._stopping = False
 
   def submit(self, leaf: int, gen: int, c: int, start: int, stop: int) -> int:
     """Sends a task to the least loaded worker; returns that worker."""
@@ -356,7 +411,8 @@ class _WorkerPool:
     raise WorkerError(
         f"Worker {w} (pid {proc.pid}) exited unexpectedly with exit code "
         f"{proc.exitcode} while computing {self.leaves[0]!r}. A negative code is the "
-        "signal that killed it (-9: SIGKILL, often the out-of-memory killer).")
+        "signal that killed it (-9: SIGKILL, often the out-of-memory killer). This iterator cannot go on; "
+        "to resume after the last element it gave, restore its get_state() into a new iterator.")
 
   def receive(self, w: int, leaf: int, gen: int) -> tuple:
     """The next current-generation result of `leaf` from worker `w`."""
@@ -370,7 +426,11 @@ class _WorkerPool:
         return self.receive(w, leaf, gen)
     conn, proc = self.conns[w], self.procs[w]
     while True:
-      ready = multiprocessing.connection.wait([conn, proc.sentinel])
+      try:
+        ready = multiprocessing.connection.wait([conn, proc.sentinel])
+      except BaseException:
+        self.interrupted_waiting = True  # Nothing read: the pipes are still in step.
+        raise
       if conn not in ready:
         if conn.poll(0):
           continue
@@ -497,6 +557,7 @@ class MultiprocessChunkProducer:
     if self._pool.error is not None:
       raise self._pool.error
     c = self._next_consume
+    self._pool.interrupted_waiting = False
     try:
       self.start()
       if c not in self._chunks:
@@ -510,12 +571,16 @@ class MultiprocessChunkProducer:
       self._pool.close()
       raise
     except BaseException:
-      # E.g. KeyboardInterrupt while waiting: a message may be half read, so
-      # stop these workers; the next call starts fresh ones at chunk c.
+      if self._pool.interrupted_waiting:
+        raise  # Ctrl-C while waiting: the next call waits for the same chunk.
+      # E.g. KeyboardInterrupt while a message was read or sent: it may be
+      # cut short, so stop these workers; the next call starts fresh ones at
+      # chunk c. The position is kept first: a second interrupt may cut the
+      # restart short.
       start = self._chunks[c][0] if c in self._chunks else self._next_start
+      self.reset(start)
       self._pool.restart()
       self._restarts = self._pool.restarts
-      self.reset(start)
       raise
     del self._chunks[c]
     self._pool.load[w] = max(0, self._pool.load[w] - (stop - start))

@@ -351,3 +351,15 @@ def test_start_prefetch_starts_background_work_without_changing_the_stream(make)
     it.start_prefetch()
     it.start_prefetch()  # Idempotent.
     assert_streams_equal(list(it), reference)
+
+
+def test_a_state_that_cannot_be_saved_names_the_checkpoint_not_a_temp_file(tmp_path):
+  it = iter(loader.MapDataset.range(10).to_iter_dataset())
+  next(it)
+  (tmp_path / "afile").write_text("mine")
+  target = tmp_path / "afile" / "state.json"
+  with pytest.raises(OSError) as e:
+    loader.save_state(target, it)
+  assert str(e.value).startswith(f"[Errno 17] File exists: cannot save the iterator state to {target}; the file "
+                                 "was not created. A part of its folder's path is a file: save elsewhere")
+  assert (tmp_path / "afile").read_text() == "mine"

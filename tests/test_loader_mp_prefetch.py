@@ -393,11 +393,58 @@ def test_interrupt_while_waiting_for_workers_can_be_resumed():
   finally:
     signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(signal.SIGALRM, old)
-  assert not _wait_dead(first_pids)  # The interrupted workers were stopped...
+  # Nothing was read when the interrupt came: the same workers go on, exactly.
+  assert _producer(it).worker_pids == first_pids
   state = it.get_state()["next_index"]
-  assert list(it) == list(range(state, 12))  # ...and fresh ones resume exactly.
+  assert list(it) == list(range(state, 12))
   it.close()
   assert shm_segments() <= before
+
+
+def test_an_interrupt_that_cuts_a_message_short_restarts_the_workers(monkeypatch):
+  # A Ctrl-C inside a pipe read leaves the pipe out of step: the workers are
+  # replaced, also when a second Ctrl-C cuts that restart short.
+  from loader import mp_prefetch  # pylint: disable=g-import-not-at-top
+  ds = loader.MapDataset.range(40).map(_slow_pid_and_value).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=2, chunk_size=2))
+  before = shm_segments()
+  it = iter(ds)
+  got = [next(it)[1]]
+  first_pids = _producer(it).worker_pids
+  pool = _producer(it)._pool
+  real_receive, real_shutdown = pool.receive, mp_prefetch._shutdown
+  cuts = {"receive": 1, "shutdown": 1}
+
+  def cut_receive(*args):
+    if cuts["receive"]:
+      cuts["receive"] -= 1
+      raise KeyboardInterrupt  # As if raised inside conn.recv().
+    return real_receive(*args)
+
+  def cut_shutdown(*args):
+    if cuts["shutdown"]:
+      cuts["shutdown"] -= 1
+      raise KeyboardInterrupt  # The second Ctrl-C, before any worker was stopped.
+    return real_shutdown(*args)
+
+  monkeypatch.setattr(pool, "receive", cut_receive)
+  monkeypatch.setattr(mp_prefetch, "_shutdown", cut_shutdown)
+  while True:
+    try:
+      for _, x in it:
+        got.append(x)
+      break
+    except KeyboardInterrupt:
+      pass
+  assert got == list(range(40))
+  assert not _wait_dead(first_pids) and not set(first_pids) & set(_producer(it).worker_pids)
+  it.close()
+  assert shm_segments() <= before
+
+
+def _slow_pid_and_value(x):
+  time.sleep(0.01)
+  return os.getpid(), x
 
 
 def _slow_pid(x):
@@ -463,3 +510,42 @@ def test_an_exception_while_a_worker_starts_is_raised_as_itself_as_in_grain():
   note = "\n".join(info.value.__notes__)
   assert "failed to start" in note and "_init_fails" in note
   assert shm_segments() <= before
+
+
+def _lock_at_7(x):
+  import threading  # pylint: disable=g-import-not-at-top
+  return threading.Lock() if x == 7 else x
+
+
+def test_an_element_that_cannot_be_pickled_fails_alone_at_its_own_position():
+  # With 0 workers nothing is pickled; with workers that one element cannot
+  # cross: the elements before it in its chunk arrive, then its error, then the rest.
+  ds = loader.MapDataset.range(20).map(_lock_at_7).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=2, chunk_size=10))
+  it = iter(ds)
+  got, errors = [], []
+  while True:
+    try:
+      got.append(next(it))
+    except StopIteration:
+      break
+    except TypeError as e:
+      errors.append((it.get_state()["next_index"], "element 7 " in " ".join(getattr(e, "__notes__", []))))
+  assert got == [x for x in range(20) if x != 7]
+  assert errors == [(8, True)]
+  it.close()
+
+
+def test_a_function_that_cannot_be_pickled_says_what_to_do():
+  import threading  # pylint: disable=g-import-not-at-top
+  lock = threading.Lock()
+
+  def guarded(x):
+    with lock:
+      return x
+
+  ds = loader.MapDataset.range(4).map(guarded).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=1))
+  with pytest.raises(TypeError, match="cannot pickle '_thread.lock' object") as e:
+    next(iter(ds))
+  assert "Create such objects (locks, open files, clients) inside the function" in " ".join(e.value.__notes__)

@@ -99,6 +99,15 @@ def test_missing_file_is_a_clear_error(tmp_path):
     checkpoint.CheckpointHandler().restore(tmp_path, item=iter(_dataset()))
 
 
+@pytest.mark.parametrize("content", [b"", b'{"next_index": 3', b"\xff\x00garbage"])
+def test_a_damaged_state_file_is_named_in_one_line(tmp_path, content):
+  (tmp_path / "process_0-of-1.json").write_bytes(content)
+  with pytest.raises(ValueError, match=r"process_0-of-1.json is not an iterator state \(damaged or not JSON: "
+                                       r".*\); restore another checkpoint step\.") as e:
+    checkpoint.CheckpointHandler().restore(tmp_path, item=iter(_dataset()))
+  assert "\n" not in str(e.value)
+
+
 class _Created:
   """Orbax's PathAwaitingCreation, for a directory that already exists."""
 
