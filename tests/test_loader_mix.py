@@ -92,7 +92,7 @@ def test_map_mix_of_infinite_inputs_is_infinite_like_grain():
   assert _ours_at(ours, range(10**9, 10**9 + 12)) == [theirs[i] for i in range(10**9, 10**9 + 12)]
 
 
-@pytest.mark.parametrize("weights", [[0, 1], [1, -1], [1, float("nan")], [True, 1]])
+@pytest.mark.parametrize("weights", [[0, 1], [1, -1], [1, float("nan")], [False, 1]])
 def test_map_mix_rejects_bad_weights(weights):
   with pytest.raises(ValueError, match="weights must be positive finite numbers"):
     M.mix([M.range(3), M.range(4)], weights)
@@ -430,3 +430,20 @@ def test_maxtext_shuffled_mixture_resume_continues_every_input_where_it_stopped(
     seen = set(alone)
     mine = [x for x in head if x in seen] + [x for x in tail if x in seen]
     assert mine == alone[:len(mine)]  # Its own order, nothing repeated or skipped across the resume.
+
+
+@pytest.mark.parametrize("form", ["numpy", "numpy_ints", "dict_values", "bools", "dict_weights_for_a_list"])
+def test_weights_and_datasets_in_the_forms_grain_takes(form):
+  # Normalised token counts come as numpy arrays; configs as dicts of datasets and weights.
+  def build(lib):
+    parts = {"a": lib.MapDataset.range(0, 7), "b": lib.MapDataset.range(100, 131)}
+    datasets, weights = [parts["a"], parts["b"]], {
+        "numpy": np.array([0.3, 0.7]), "numpy_ints": np.array([1, 2]), "dict_values": {"a": 0.3, "b": 0.7}.values(),
+        "bools": [True, 1], "dict_weights_for_a_list": {"a": 1, "b": 2}}[form]
+    if form == "dict_values":
+      datasets = parts.values()
+    if form == "dict_weights_for_a_list":
+      return lib.IterDataset.mix([d.to_iter_dataset() for d in datasets], weights)
+    return lib.MapDataset.mix(datasets, weights)
+  ours, theirs = build(loader), build(grain)
+  assert [int(x) for x in ours] == [int(x) for x in theirs]

@@ -506,3 +506,18 @@ def test_state_of_another_packing_configuration_is_refused():
     state = it.get_state()
   with iter(make(3)) as it, pytest.raises(ValueError, match="num_packing_bins=3"):
     it.set_state(state)
+
+
+@pytest.mark.parametrize("ids", [[b"doc0", b"doc1"], ["doc0", "doc1"]], ids=["bytes", "str"])
+@pytest.mark.parametrize("cls", ["FirstFitPackIterDataset", "BestFitPackIterDataset"])
+def test_a_string_meta_feature_pads_with_empty_strings_as_grain(cls, ids):
+  docs = [{"inputs": np.array([5, 6, 7], np.int32), "doc": np.array([ids[0]])},
+          {"inputs": np.array([8, 9], np.int32), "doc": np.array([ids[1]])}]
+
+  def packed(lib):
+    return list(getattr(lib.experimental, cls)(lib.MapDataset.source(docs).to_iter_dataset(),
+                                                length_struct={"inputs": 8, "doc": 4}, num_packing_bins=1,
+                                                meta_features=["doc"]))
+  ours, theirs = packed(loader), packed(grain)
+  assert ours[0]["doc"].tolist() == theirs[0]["doc"].tolist() == [ids[0], ids[1], ids[0][:0], ids[0][:0]]
+  assert ours[0]["doc"].dtype == theirs[0]["doc"].dtype

@@ -63,7 +63,7 @@ _MAX_TABLE = 1 << 20  # Period table entries; beyond, use the formula per index.
 
 
 def _check_weight(w: Any, name: str) -> float:
-  if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
+  if not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
     raise ValueError(f"Mixing weights must be positive finite numbers (got {name}={w!r}).")
   return w
 
@@ -78,24 +78,29 @@ def _flatten(datasets: Any, weights: Any, what: str) -> tuple[tuple[str, ...] | 
         raise ValueError(f"{what}: weights must have the same keys as datasets "
                          f"(datasets: {list(names)}, weights: {sorted(weights)}).")
       weights = [weights[k] for k in names]
-  elif isinstance(datasets, Sequence) and not isinstance(datasets, (str, bytes)) and not hasattr(datasets, "_getitems"):
+  elif _is_collection(datasets) and not isinstance(datasets, (map_lib.MapDataset, iter_lib.IterDataset)):
+    # Any collection, as Grain takes: a list, a tuple, dict.values().
     names, flat = None, list(datasets)
-    if isinstance(weights, Mapping):
-      raise TypeError(f"{what}: weights given as a dict need datasets given as a dict with the same keys "
-                      f"(got a {type(datasets).__name__} of datasets).")
+    if isinstance(weights, Mapping):  # Grain flattens it in sorted key order too.
+      weights = [weights[k] for k in sorted(weights)]
   else:
     raise TypeError(f"{what} expects a list or a dict of datasets (got {type(datasets).__name__}).")
   if not flat:
     raise ValueError(f"{what} needs at least one dataset.")
   if weights is not None:
-    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
-      raise TypeError(f"{what}: weights must be a list (or a dict matching datasets), got {weights!r}.")
-    weights = list(weights)
+    if not _is_collection(weights):
+      raise TypeError(f"{what}: weights must be a list, array or dict of numbers, got {weights!r}.")
+    weights = weights.tolist() if isinstance(weights, np.ndarray) else list(weights)
     if len(weights) != len(flat):
       raise ValueError(f"{what}: got {len(weights)} weights for {len(flat)} datasets.")
     for i, w in enumerate(weights):
       _check_weight(w, f"weights[{names[i] if names else i}]")
   return names, flat, weights
+
+
+def _is_collection(x: Any) -> bool:
+  """A sized, iterable container of items (not a string): a list, tuple, numpy array or dict view."""
+  return isinstance(x, (Sequence, np.ndarray, type({}.values()), type({}.keys()))) and not isinstance(x, (str, bytes))
 
 
 def int_proportions(weights: Sequence[float] | None, count: int) -> tuple[int, ...]:

@@ -482,7 +482,8 @@ class WindowCache:
     key = (f, dtype, trailing)
     pad = self._paddings.get(key)
     if pad is None:
-      pad = np.full((length, *trailing), 0 if value is None else value, dtype)
+      # np.zeros, not np.full(0): a bytes/str feature pads with b''/'' as Grain's (not b'0').
+      pad = np.zeros((length, *trailing), dtype) if value is None else np.full((length, *trailing), value, dtype)
       pad.flags.writeable = False
       self._paddings[key] = pad
     return pad
