@@ -1249,9 +1249,9 @@ def main(argv=None) -> int:
   if args.json:
     result = {
         "benchmark": "load",
-        "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, common.REPO_ROOT)
-                                                     if sys.executable.startswith(common.REPO_ROOT)
-                                                     else sys.executable, *sys.argv]),
+        # Paths inside the repository as relative ones: the line reruns from any clone.
+        "command": " ".join(shlex.quote(os.path.relpath(a, common.REPO_ROOT) if a.startswith(common.REPO_ROOT) else a)
+                            for a in [sys.executable, *sys.argv]),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu_count": cores,
         "machine": machine,

@@ -1,7 +1,7 @@
 """The end-to-end demo: example TFRecords -> ArrayRecord (Beam DirectRunner) ->
 verify -> globally shuffled loading with multiprocess prefetch -> JAX training steps.
 
-  python examples/demo.py [--workdir demo_data] [--shards 8] [--records-per-shard 2000]
+  python examples/demo.py [--workdir demo_data] [--shards 8] [--records-per-shard 5000]
 """
 
 from __future__ import annotations

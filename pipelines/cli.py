@@ -9,7 +9,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -51,11 +51,16 @@ def converter_options(args: argparse.Namespace, output_dir: str | None = None) -
                         existing=existing)
 
 
-def unknown_beam_flags(opts: PipelineOptions) -> list[str]:
-  """Flags that are neither ours nor Beam's, which Beam would silently drop (typos)."""
+def unknown_beam_flags(opts: PipelineOptions, argv: Sequence[str] = ()) -> list[str]:
+  """Flags that are neither ours nor Beam's, which Beam would silently drop (typos).
+
+  Named as typed in `argv` (Beam turns `--on-corupt` into `on_corupt`).
+  """
   known = opts.get_all_options(drop_default=False)
   everything = opts.get_all_options(retain_unknown_options=True)
-  return sorted("--" + k for k in everything if k not in known)
+  typed = {a.split("=", 1)[0].lstrip("-").replace("-", "_"): a.split("=", 1)[0]
+           for a in argv if isinstance(a, str) and a.startswith("--")}
+  return sorted(typed.get(k, "--" + k) for k in everything if k not in known)
 
 
 def say(line: str) -> None:

@@ -60,7 +60,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
   """Runs the conversion; returns the manifest. Raises on bad input."""
   args, beam_args = _parser().parse_known_args(argv)
   opts = build.pipeline_options(beam_args)
-  unknown = cli.unknown_beam_flags(opts)
+  unknown = cli.unknown_beam_flags(opts, beam_args)
   if unknown:
     raise ValueError(f"Unknown flag(s) {', '.join(unknown)}: neither a converter flag "
                      "(see --help) nor a Beam pipeline option.")

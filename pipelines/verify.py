@@ -160,6 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help="Use 'skip' for outputs converted with --on-corrupt skip: the "
                  "inputs are then re-read skipping the same damaged records.")
   args = p.parse_args(argv)
+  if ondisk.is_local(args.output) and not os.path.isdir(args.output):
+    what = "is a file, not a directory" if os.path.exists(args.output) else "does not exist"
+    return cli.fail(PROG, f"--output {args.output} {what}: give the directory the conversion wrote "
+                          "(arrayrecord-convert --output).")
   try:
     checks = verify(args.input, args.output, args.compression, args.on_corrupt)
     manifest_problems = check_manifest(read_manifest(args.output) or {}, args.output)

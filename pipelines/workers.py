@@ -183,7 +183,7 @@ def decide(requested: int | str, sizes: Sequence[int], beam_args: Sequence[str] 
     why = f"{cores} usable core" if cores <= 1 else f"{shards} shard(s) to convert"
     return Decision(1, f"auto: {why}", _mode_flags(1))
   serial, parallel = estimate_seconds(sizes, 1), estimate_seconds(sizes, n)
-  estimate = f"est. {parallel:.0f} s with {n} workers vs {serial:.0f} s in-process"
+  estimate = f"est. {_seconds(parallel)} s with {n} workers vs {_seconds(serial)} s in-process"
   if parallel <= (1 - MIN_SAVING) * serial:
     return Decision(n, f"auto: min({cores} cores, {shards} shards) for {mb:,.0f} MB; "
                     f"{estimate}", _mode_flags(n))
@@ -369,3 +369,7 @@ def _stop_workers_side_by_side() -> None:
 
   close_all_side_by_side._side_by_side = True  # pylint: disable=protected-access
   manager.close_all = close_all_side_by_side
+
+
+def _seconds(s: float) -> str:
+  return f"{s:.1f}" if s < 10 else f"{s:.0f}"  # A small conversion is 0.4 s, not "0 s".

@@ -235,3 +235,23 @@ def test_constants_equal_grains():
   for name in public_names(grain.constants):
     assert getattr(loader.constants, name) == getattr(grain.constants, name)
     assert getattr(_import("loader.python"), name) == getattr(grain.python, name)
+
+
+def test_the_readme_status_table_counts_and_not_supported_rows_match():
+  import re  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(_ROOT, "README.md"), encoding="utf-8") as f:
+    text = f.read()
+  start = text.index("<details><summary>Every public name of Grain 0.2.18")
+  block = text[start:text.index("</details>", start)]
+  counts = collections.Counter()
+  not_supported = set()
+  for line in block.splitlines():
+    m = re.match(r"\| `([^`]+)`[^|]* \| (not supported|supported with a documented difference|supported) \|", line)
+    if m:
+      counts[m.group(2)] += 1
+      if m.group(2) == "not supported":
+        not_supported.add(m.group(1))
+  total = sum(counts.values())
+  assert (f"Totals: not supported: {counts['not supported']}, supported: {counts['supported']}, supported with a "
+          f"documented difference: {counts['supported with a documented difference']} ({total} names)") in block
+  assert not_supported == {name for _, name in NOT_SUPPORTED}

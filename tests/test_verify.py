@@ -167,3 +167,11 @@ def test_an_input_damaged_after_a_clean_conversion_is_not_blamed_on_skip_mode(co
   stdout = capsys.readouterr().out
   assert "the manifest records no corrupt record when it was converted, so the input changed" in stdout
   assert "probably converted with --on-corrupt skip" not in stdout
+
+
+def test_an_output_directory_that_does_not_exist_is_one_line(tmp_path, converted, capsys):
+  inp, _, _ = converted
+  assert verify.main(["--input", str(inp / "*"), "--output", str(tmp_path / "nope")]) == 2
+  assert capsys.readouterr().err.strip() == (
+      f"arrayrecord-verify: error: --output {tmp_path / 'nope'} does not exist: give the directory the "
+      "conversion wrote (arrayrecord-convert --output).")
