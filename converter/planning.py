@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import posixpath
 import stat
 from typing import Any, Iterable
 
@@ -280,6 +281,23 @@ def _still_running(marker: dict[str, Any]) -> bool:
   return ondisk.recorded_process_alive(run) is True
 
 
+def _same_input(entry: dict[str, Any] | None, path: str) -> bool:
+  """Whether an earlier manifest's entry for a kept output was converted from `path`.
+
+  The same file, or one of the same name and size (the inputs moved since).
+  Without an entry (a run killed before its manifest) it cannot be told: the
+  output is kept, as it is what a resume keeps.
+  """
+  before = (entry or {}).get("input")
+  if not isinstance(before, str):
+    return True
+  if _real(before) == _real(path):
+    return True
+  size = (entry or {}).get("bytes_in")
+  return (posixpath.basename(before) == posixpath.basename(path) and isinstance(size, int)
+          and size == _writer.file_size(path))
+
+
 def _still_stale(path: str, planned_identity: Any) -> bool:
   """Whether an output an unfinished run planned to replace still holds what it planned to replace."""
   if not _writer.is_local(path) or not isinstance(planned_identity, list):
@@ -348,6 +366,11 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
     if foreign:
       raise OutputExistsError(foreign, "are not ArrayRecord files, so --skip-existing can neither keep "
                                        "nor replace them")
+  others = [f"{o} (from {previous[o]['input']}, not {i})" for i, o in zip(inputs, outputs)
+            if o in complete and not _same_input(previous.get(o), i)]
+  if others:
+    raise OutputExistsError(others, "were converted from other inputs, as the manifest says, so --skip-existing "
+                                    "cannot keep them")
   for i, o in zip(inputs, outputs):
     if o in complete:
       plans.append(ShardPlan(input=i, output=o, action="keep", previous=previous.get(o)))

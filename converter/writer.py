@@ -113,6 +113,19 @@ def publish(local_tmp: str, final_path: str, expect: Any = REPLACE_ANY) -> None:
     os.remove(local_tmp)
 
 
+def remove(path: str) -> None:
+  """Deletes a file or object (local or remote); nothing if it is gone already."""
+  if is_local(path):
+    try:
+      os.remove(path)
+    except FileNotFoundError:
+      pass
+    return
+  from apache_beam.io.filesystems import FileSystems
+  if FileSystems.exists(path):
+    FileSystems.delete([path])
+
+
 def _silent_delete(path: str) -> None:
   try:
     from apache_beam.io.filesystems import FileSystems

@@ -255,7 +255,23 @@ def tfds_array_record_files(dataset_dir: str | os.PathLike, split: str) -> list[
           f"{len(missing)} ArrayRecord shard(s) named by {DATASET_INFO_NAME} are missing, "
           f"e.g. {missing[0]!r}. Re-run the conversion (arrayrecord-tfds --dataset_dir "
           f"{dataset_dir} --skip-existing).")
+    _refuse_unfinished_conversion(dataset_dir)
   return files
+
+
+def _refuse_unfinished_conversion(dataset_dir: str) -> None:
+  """Raises IncompleteManifestError while a conversion into `dataset_dir` has not finished.
+
+  Its shards may then be a mix of old and new data, even where dataset_info.json
+  is still there (from before an interrupted --overwrite).
+  """
+  from loader import ondisk  # pylint: disable=g-import-not-at-top
+  try:
+    ondisk.read_manifest(dataset_dir)
+  except ondisk.IncompleteManifestError:
+    raise
+  except ondisk.ManifestError:
+    pass  # A damaged manifest says nothing of the run; dataset_info.json describes the dataset.
 
 
 @dataclasses.dataclass(frozen=True)

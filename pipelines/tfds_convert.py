@@ -212,7 +212,59 @@ def check_inputs_and_outputs(plan: TfdsPlan, options: ConvertOptions) -> list:
     existing = [p for p in (_join(plan.out_dir, n) for n in names) if _writer.exists(p)]
     if existing:
       raise OutputExistsError(existing)
+  if not plan.in_place and options.existing == "skip":
+    _check_metadata_to_keep(plan)
   return shard_plans
+
+
+def _retract_array_record_format(plan: TfdsPlan, shard_plans: Sequence[Any]) -> None:
+  """Before existing ArrayRecord shards are replaced, TFDS stops seeing them as a dataset.
+
+  An interrupted run then leaves no dataset_info.json that names a mix of old
+  and new shards (out of place: it is removed; in place: array_record leaves
+  alternativeFileFormats). The run's last step writes it again.
+  """
+  if not any(getattr(s, "action", None) == "convert" and getattr(s, "replaces", None) is not None
+             for s in shard_plans):
+    return
+  path = _join(plan.out_dir, _layout.DATASET_INFO_NAME)
+  if not plan.in_place:
+    if _writer.exists(path):
+      _writer.remove(path)
+    return
+  info = _layout.read_dataset_info(plan.dataset_dir)
+  if _layout.ARRAY_RECORD in info.get("alternativeFileFormats", []):
+    info["alternativeFileFormats"] = [f for f in info["alternativeFileFormats"] if f != _layout.ARRAY_RECORD]
+    _writer.write_bytes_atomic(path, json.dumps(info, indent=2, sort_keys=True).encode())
+
+
+def _check_metadata_to_keep(plan: TfdsPlan) -> None:
+  """A resume (--skip-existing) replaces metadata only where it is this conversion's own.
+
+  Metadata files must equal the source's, and a dataset_info.json must be an
+  ArrayRecord conversion of the same dataset (name, config, version, splits);
+  anything else is another dataset's, which only --overwrite replaces.
+  """
+  other = []
+  for name in plan.metadata_files:
+    path = _join(plan.out_dir, name)
+    if _writer.exists(path) and _writer.read_bytes(path) != _writer.read_bytes(_join(plan.dataset_dir, name)):
+      other.append(path)
+  info_path = _join(plan.out_dir, _layout.DATASET_INFO_NAME)
+  if _writer.exists(info_path):
+    try:
+      info = json.loads(_writer.read_bytes(info_path))
+    except ValueError:
+      info = None
+    same = isinstance(info, dict) and info.get("fileFormat") == _layout.ARRAY_RECORD and all(
+        info.get(k) == plan.info.get(k) for k in ("name", "configName", "version")) and (
+        [s.get("name") for s in info.get("splits", [])] == [s.get("name") for s in plan.info.get("splits", [])])
+    if not same:
+      other.append(info_path)
+  if other:
+    raise OutputExistsError(other, "are not this conversion's (another dataset's, or the source's TFRecord "
+                                   "dataset itself), so --skip-existing would replace them")
+
 
 
 def _count_records(path: str) -> int | None:
@@ -421,6 +473,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
   start = time.monotonic()
   with guard, progress.watch(shards, quiet=args.quiet), cli.worker_stderr_held_back(local.workers), \
       tied, beam.Pipeline(runner=local.runner(opts), options=opts) as p:
+    _retract_array_record_format(plan, shard_plans)
     add_tfds_conversion(p, plan, options)
   manifest = read_manifest(plan.out_dir)
   manifest["_seconds"] = time.monotonic() - start

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import re
 
@@ -325,3 +326,23 @@ def test_the_runs_outputs_are_not_inputs_when_the_glob_matches_them(tmp_path, da
   assert sorted(os.path.basename(s["input"]) for s in manifest["shards"]) == sorted(recs)
   for name, r in recs.items():
     assert ar_read(str(out / out_name(name))) == r
+
+
+def test_skip_existing_keeps_only_outputs_of_the_same_inputs(tmp_path, dataset, tf_write, capsys):
+  inp, recs = dataset
+  out = tmp_path / "out"
+  base = ["--output", str(out), "--quiet", "--workers", "1", "--skip-existing"]
+  assert convert.main(["--input", str(inp / "*"), *base]) == 0
+  # The same inputs moved elsewhere (same names and sizes): still this conversion's outputs.
+  moved = tmp_path / "moved"
+  shutil.copytree(inp, moved)
+  assert convert.main(["--input", str(moved / "*"), *base]) == 0
+  # Another dataset whose shards have the same names: its outputs are not these.
+  other = tmp_path / "other"
+  for name in recs:
+    tf_write(str(other / name), [b"other"])
+  before = mtimes(out)
+  capsys.readouterr()
+  assert convert.main(["--input", str(other / "*"), *base]) == 2
+  assert "were converted from other inputs, as the manifest says" in capsys.readouterr().err
+  assert mtimes(out) == before

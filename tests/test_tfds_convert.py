@@ -329,3 +329,49 @@ def test_loader_decoder_works_in_place_and_without_tensorflow(source, dataset_di
                        timeout=120, check=False)
   assert res.returncode == 0, res.stderr
   assert int(res.stdout.strip()) == int(source[1]["test"][0]["id"])
+
+
+def test_skip_existing_never_replaces_another_datasets_metadata(source, dataset_dir, tmp_path, capsys):
+  # --out_dir is the user's own TFRecord dataset folder: a resume must not
+  # take its dataset_info.json and label files for this conversion's.
+  out = str(tmp_path / "theirs" / NAME / VERSION)
+  shutil.copytree(dataset_dir, out)
+  with open(os.path.join(out, "label.labels.txt"), "w") as f:
+    f.write("x\ny\nz\n")
+  before = _dir_digest(out)
+  rc, got = _convert(capsys, "--dataset_dir", source[0], "--out_dir", out, "--skip-existing")
+  assert rc == 2
+  assert "are not this conversion's" in got.err and "dataset_info.json" in got.err and "label.labels.txt" in got.err
+  assert _dir_digest(out) == before
+
+
+def test_an_overwrite_takes_dataset_info_away_before_it_replaces_shards(source, converted, tmp_path):
+  # A stopped --overwrite must not leave a dataset_info.json naming a mix of
+  # old and new shards; the loader also refuses the folder while its marker says unfinished.
+  from converter.manifest import write_incomplete_manifest  # pylint: disable=g-import-not-at-top
+  from loader import ondisk  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path / NAME / VERSION)
+  shutil.copytree(converted, out)
+  plan = tfds_convert.plan_tfds(source[0], out)
+  options = tfds_convert.tfds_convert_options(plan, tfds_convert.ConvertOptions(output_dir=out, existing="overwrite"))
+  shard_plans = tfds_convert.check_inputs_and_outputs(plan, options)
+  tfds_convert._retract_array_record_format(plan, shard_plans)  # pylint: disable=protected-access
+  assert not os.path.exists(os.path.join(out, "dataset_info.json"))
+  shutil.copy(os.path.join(converted, "dataset_info.json"), out)  # As if it were still there...
+  write_incomplete_manifest(out, [], writer_options="group_size:1", existing="overwrite", run_id="x")
+  with pytest.raises(ondisk.IncompleteManifestError):  # ...the marker keeps the loader off the mix.
+    tfds_loader.tfds_array_record_files(out, "train")
+
+
+def test_an_in_place_overwrite_takes_array_record_out_of_the_formats_first(source, dataset_dir, capsys):
+  rc, _ = _convert(capsys, "--dataset_dir", dataset_dir)
+  assert rc == 0
+  info = tfds_loader.read_dataset_info(dataset_dir)
+  assert "array_record" in info["alternativeFileFormats"]
+  plan = tfds_convert.plan_tfds(dataset_dir, None)
+  options = tfds_convert.tfds_convert_options(plan, tfds_convert.ConvertOptions(output_dir=dataset_dir,
+                                                                                existing="overwrite"))
+  tfds_convert._retract_array_record_format(plan, tfds_convert.check_inputs_and_outputs(plan, options))  # pylint: disable=protected-access
+  assert "array_record" not in tfds_loader.read_dataset_info(dataset_dir).get("alternativeFileFormats", [])
+  rc, _ = _convert(capsys, "--dataset_dir", dataset_dir, "--overwrite")  # The finished run adds it back.
+  assert rc == 0 and "array_record" in tfds_loader.read_dataset_info(dataset_dir)["alternativeFileFormats"]
