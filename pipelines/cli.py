@@ -133,7 +133,21 @@ def run_reporting_errors(prog: str, run: Callable[[], Any]) -> tuple[Any, int | 
   except Exception as e:  # pylint: disable=broad-except
     # The runner's own failure: its root cause in one line, not a Beam traceback.
     msg = user_error_from(e) or root_cause_line(e)
+    if _lost_connection(e) or re.search(r"Connection(Refused|Reset|Aborted)?Error|Connection refused", msg):
+      msg += (" (the storage server could not be reached; shards finished before are kept: when it is "
+              "reachable again, rerun with --skip-existing)")
     return None, fail(prog, msg.split(" [while running")[0], code=1)
+
+
+def _lost_connection(e: BaseException) -> bool:
+  """Whether a failure's cause chain holds a connection error (gs:// unreachable, say)."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, ConnectionError) or type(e).__name__ in ("ServiceUnavailable", "RetryError"):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
 
 
 @contextlib.contextmanager

@@ -350,3 +350,15 @@ def test_writer_options_are_checked_without_writing_to_tmpdir(tmp_path, monkeypa
   assert ConvertOptions(output_dir=str(tmp_path / "out"), writer_options="group_size:1,zstd:3").writer_options
   with pytest.raises(ValueError, match="Invalid ArrayRecord writer options 'zstd:99'"):
     ConvertOptions(output_dir=str(tmp_path / "out"), writer_options="zstd:99")
+
+
+def test_a_lost_connection_to_the_storage_says_how_to_go_on(capsys):
+  def run():
+    try:
+      raise ConnectionRefusedError(111, "Connection refused")  # What gs:// gives when the server is gone.
+    except OSError as e:
+      raise RuntimeError("the pipeline failed") from e
+  assert cli.run_reporting_errors("arrayrecord-convert", run) == (None, 1)
+  line = error_line(capsys)
+  assert line.startswith("arrayrecord-convert: error: ConnectionRefusedError: [Errno 111] Connection refused")
+  assert line.endswith("when it is reachable again, rerun with --skip-existing)")
