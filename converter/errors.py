@@ -212,15 +212,16 @@ class ConcurrentRunError(OutputLockedError):
   """Another conversion is writing the same output directory now, or replaced this run's marker."""
 
   def __init__(self, path: str, run: dict, *, after: bool = False):
-    who = f"pid {run.get('pid')} on host {run.get('host')}, started {run.get('started')}"
+    who = (f" (pid {run.get('pid')} on host {run.get('host')}, started {run.get('started')})"
+           if run.get("pid") is not None else "")
     if after:
       self.exit_code = 1  # Shards were written.
-      message = (f"Another conversion replaced {path} while this one ran ({who}): two runs wrote "
+      message = (f"Another conversion replaced {path} while this one ran{who}: two runs wrote "
                  "this directory at once, so its manifest does not list this run's shards. Convert "
                  "into one directory one run at a time (arrayrecord-convert locks it), then rerun "
                  "this conversion.")
     else:
-      message = (f"{path} marks a conversion that is still writing this directory ({who}). Nothing "
+      message = (f"{path} marks a conversion that is still writing this directory{who}. Nothing "
                  "was converted; wait for it to finish, or convert into another directory.")
     super().__init__(message)
 

@@ -10,9 +10,8 @@ import stat
 from typing import Any, Iterable
 
 from converter import writer as _writer
-from converter.errors import (ConversionError, ForeignManifestError, ManifestExistsError, NoInputFilesError,
-                              OutputError, OutputExistsError, UnfinishedRunError,
-                              ConcurrentRunError)
+from converter.errors import (ConcurrentRunError, ConversionError, ForeignManifestError, ManifestExistsError,
+                              NoInputFilesError, OutputError, OutputExistsError, UnfinishedRunError)
 from converter.manifest import MANIFEST_NAME, FoundManifest, find_manifest
 from converter.naming import common_dir, output_path, split_uri
 from converter.options import ConvertOptions
@@ -198,13 +197,14 @@ def _check_name_length(path: str) -> None:
     name_max = 255
   # The longest temp name any of this run's processes can give it.
   temp = os.path.basename(ondisk.temp_name(path, ondisk.Owner(10**7 - 1, 10**12, ondisk.this_process().host)))
-  name, temp_len = os.path.basename(path), len(os.fsencode(temp))
-  if temp_len > name_max:
+  name = os.path.basename(path)
+  size = len(os.fsencode(name))
+  extra = len(os.fsencode(temp)) - size
+  if size + extra > name_max:
     raise OutputError(
-        f"Output name {name!r} is {len(os.fsencode(name))} bytes; while it is written, its temp file's "
-        f"name is up to {temp_len - len(os.fsencode(name))} bytes longer, past this filesystem's "
-        f"{name_max}-byte limit. Rename the inputs so that their output names (named after them) have at most "
-        f"{name_max - (temp_len - len(os.fsencode(name)))} bytes.")
+        f"Output name {name!r} is {size} bytes; while it is written, its temp file's name is up to {extra} "
+        f"bytes longer, past this filesystem's {name_max}-byte limit. Rename the inputs so that their output "
+        f"names (named after them) have at most {name_max - extra} bytes.")
 
 
 def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list[str],
@@ -227,9 +227,9 @@ def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list
   found: FoundManifest | None = find_manifest(options.output_dir)
   marker = found.manifest if found is not None and found.kind == "incomplete" else None
   # A retried planning step finds the marker its own run wrote.
-  own = marker is not None and run_id is not None and (marker.get("run") or {}).get("id") == run_id
-  if marker is not None and not own and _still_running(marker):
-    raise ConcurrentRunError(found.path, marker.get("run") or {})
+  own = marker is not None and run_id is not None and ondisk.marker_run(marker).get("id") == run_id
+  if marker is not None and not own and ondisk.marker_run_alive(marker):
+    raise ConcurrentRunError(found.path, ondisk.marker_run(marker))
   if found is None or options.existing == "overwrite":
     return {}, {}
   if found.kind == "foreign":
@@ -271,14 +271,6 @@ def _file_key(path: str) -> tuple[int, int] | None:
   except OSError:
     return None
   return st.st_dev, st.st_ino
-
-
-def _still_running(marker: dict[str, Any]) -> bool:
-  """Whether the process a run marker names still runs (on this host; elsewhere unknowable)."""
-  run = marker.get("run") if isinstance(marker.get("run"), dict) else {}
-  if run.get("pid") == os.getpid() and run.get("host") == ondisk.this_process().host:
-    return False  # A pipeline run earlier in this very process, which has returned or raised.
-  return ondisk.recorded_process_alive(run) is True
 
 
 def _same_input(entry: dict[str, Any] | None, path: str) -> bool:

@@ -16,6 +16,7 @@ from converter.manifest import RecordDigest
 from converter.options import ConvertOptions
 from converter.planning import ShardPlan, marker_entries, match_pattern, plan_shards
 from converter.tfrecord import TFRecordReader
+from loader import ondisk
 
 
 class MatchFiles(beam.PTransform):
@@ -175,9 +176,8 @@ def _check_marker_is_ours(results: list[dict[str, Any]], options: ConvertOptions
   found = _manifest.find_manifest(options.output_dir)
   marker = found.manifest if found is not None and found.kind == "incomplete" else None
   if marker is not None:
-    run = marker.get("run") if isinstance(marker.get("run"), dict) else {}
-    if run.get("id") != run_id:
-      raise ConcurrentRunError(found.path, run, after=True)
+    if ondisk.marker_run(marker).get("id") != run_id:
+      raise ConcurrentRunError(found.path, ondisk.marker_run(marker), after=True)
     return
   # A local run that converted anything wrote a marker (a remote one may not have).
   if not _writer.is_local(options.output_dir) or all(r["status"] == "existing" for r in results):
@@ -185,9 +185,7 @@ def _check_marker_is_ours(results: list[dict[str, Any]], options: ConvertOptions
   if (found is not None and found.kind == "complete"
       and {s["output"] for s in found.manifest["shards"]} == {r["output"] for r in results}):
     return  # This step retried: its manifest is already in place.
-  raise ConcurrentRunError(_manifest.manifest_path(options.output_dir),
-                           (found.manifest.get("run") or {}) if found is not None and found.manifest else {},
-                           after=True)
+  raise ConcurrentRunError(_manifest.manifest_path(options.output_dir), {}, after=True)  # A finished run's: no `run`.
 
 
 def _write_manifest(results: list[dict[str, Any]], options: ConvertOptions, run_id: str) -> str:

@@ -613,12 +613,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
             f"{type(self).__name__}.set_state: the Grain state's {key}={count!r} does not match its position "
             f"next_index={k!r}; was it saved from a different pipeline?")
     if self._unit > 1:
-      if not checks.is_int(k):
-        raise state_lib.StateTypeError(
-            f"{type(self).__name__}.set_state: next_index counts elements before .batch({self._unit}) and must be "
-            f"an integer in [0, {self._unit_len}] for this dataset (got {k!r}); was the state saved from another "
-            "dataset?")
-      k = self._from_grain_position(int(k))
+      k = self._from_element_position(k)
     self._move_to(k, "set_state")
 
   def _move_to(self, k: Any, what: str) -> None:
@@ -640,12 +635,15 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
   def _set_next_index(self, index: int) -> None:
     self._move_to(index, "set_next_index")
 
-  def _from_grain_position(self, k: int) -> int:
+  def _from_element_position(self, k: Any) -> int:
     """Our position (in folded batches) of a state's next_index (in elements before the batch)."""
-    if not 0 <= k <= self._unit_len:
-      raise state_lib.PositionOutOfRangeError(
+    if not checks.is_int(k) or not 0 <= k <= self._unit_len:
+      error = state_lib.PositionOutOfRangeError if checks.is_int(k) else state_lib.StateTypeError
+      raise error(
           f"{type(self).__name__}.set_state: next_index counts elements before .batch({self._unit}) and must be "
-          f"in [0, {self._unit_len}] for this dataset (got {k}); was the state saved from another dataset?")
+          f"an integer in [0, {self._unit_len}] for this dataset (got {k!r}); was the state saved from another "
+          "dataset?")
+    k = int(k)
     if k == self._unit_len:
       return self._len
     if k % self._unit:

@@ -163,10 +163,7 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
     name = f"{shm_prefix}{worker_index}_{seq}"
     elements, error, seconds = computers[leaf].compute(start, stop)
     try:
-      with lock:
-        desc = ipc.encode(elements, name)
-        if ipc.segment_name(desc) is not None:
-          outstanding.add(name)
+      desc = _encode_tracked(elements, name, lock, outstanding)
     except Exception as e:  # pylint: disable=broad-except
       desc, error = _encode_before_failure(elements, name, e, lock, outstanding)
     del elements
@@ -176,6 +173,15 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
     except (BrokenPipeError, OSError):
       orphaned()
   conn.close()
+
+
+def _encode_tracked(elements: list, name: str, lock: threading.Lock, outstanding: set) -> tuple:
+  """ipc.encode, noting a segment it made as outstanding until the consumer releases it."""
+  with lock:
+    desc = ipc.encode(elements, name)
+    if ipc.segment_name(desc) is not None:
+      outstanding.add(name)
+  return desc
 
 
 def _encode_before_failure(elements: list, name: str, error: Exception, lock: threading.Lock,
@@ -191,11 +197,7 @@ def _encode_before_failure(elements: list, name: str, error: Exception, lock: th
       pickle.dumps(x, protocol=5, buffer_callback=lambda _: None)
     except Exception as e:  # pylint: disable=broad-except
       try:
-        with lock:
-          desc = ipc.encode(elements[:at], name)
-          if ipc.segment_name(desc) is not None:
-            outstanding.add(name)
-        return desc, e
+        return _encode_tracked(elements[:at], name, lock, outstanding), e
       except Exception:  # pylint: disable=broad-except
         break
   return ipc.encode([], name), error

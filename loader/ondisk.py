@@ -173,14 +173,26 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
   return parse_manifest(data, path)
 
 
+def marker_run(manifest: dict[str, Any]) -> dict[str, Any]:
+  """The `run` a marker records (who writes the directory), {} if it records none."""
+  run = manifest.get("run")
+  return run if isinstance(run, dict) else {}
+
+
+def marker_run_alive(manifest: dict[str, Any]) -> bool | None:
+  """Whether the run a marker names still runs; None when it runs on another host (unknowable)."""
+  run = marker_run(manifest)
+  alive = recorded_process_alive(run)
+  if alive and run.get("pid") == os.getpid() and run.get("host") == _hostname():
+    return False  # A pipeline run in this very process, which has returned or raised.
+  return alive
+
+
 def unfinished_run_message(path: str, manifest: dict[str, Any]) -> str:
   """One line for the marker of an unfinished run: who wrote it and what to rerun."""
-  run = manifest.get("run") if isinstance(manifest.get("run"), dict) else {}
-  pid, host = run.get("pid"), run.get("host")
-  who = f"pid {pid} on host {host}, started {run.get('started')}"
-  alive = recorded_process_alive(run)
-  if alive and pid == os.getpid() and host == _hostname():
-    alive = False  # A pipeline run in this very process, which has returned or raised.
+  run = marker_run(manifest)
+  who = f"pid {run.get('pid')} on host {run.get('host')}, started {run.get('started')}"
+  alive = marker_run_alive(manifest)
   if alive:
     return (f"{path} marks a conversion that is still writing this directory ({who}); wait for "
             "it to finish before reading the dataset.")

@@ -34,7 +34,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from converter import (MANIFEST_NAME, ConversionError, ConvertOptions, OutputExistsError,
+from converter import (MANIFEST_NAME, ConversionError, ConvertOptions, OutputExistsError, ShardPlan,
                        plan_shards, read_manifest)
 from converter import writer as _writer
 from converter.naming import output_path
@@ -217,15 +217,14 @@ def check_inputs_and_outputs(plan: TfdsPlan, options: ConvertOptions) -> list:
   return shard_plans
 
 
-def _retract_array_record_format(plan: TfdsPlan, shard_plans: Sequence[Any]) -> None:
+def _retract_array_record_format(plan: TfdsPlan, shard_plans: Sequence[ShardPlan]) -> None:
   """Before existing ArrayRecord shards are replaced, TFDS stops seeing them as a dataset.
 
   An interrupted run then leaves no dataset_info.json that names a mix of old
   and new shards (out of place: it is removed; in place: array_record leaves
   alternativeFileFormats). The run's last step writes it again.
   """
-  if not any(getattr(s, "action", None) == "convert" and getattr(s, "replaces", None) is not None
-             for s in shard_plans):
+  if not any(s.action == "convert" and s.replaces is not None for s in shard_plans):
     return
   path = _join(plan.out_dir, _layout.DATASET_INFO_NAME)
   if not plan.in_place:
