@@ -21,6 +21,10 @@ import os
 import sys
 from typing import Sequence
 
+if __name__ == "__main__":  # `python -m`: a missing extra in one line, as the console script says it.
+  from pipelines import entry_points  # pylint: disable=g-import-not-at-top
+  entry_points.exit_if_extra_missing(__spec__.name if __spec__ else "")
+
 from dataflow import flags
 from dataflow.checks import FlagError
 from pipelines import build, cli

@@ -232,6 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--checkpoint", help="Directory to resume from and save checkpoints to.")
   parser.add_argument("--checkpoint-every", type=int, default=100)
   args = parser.parse_args(argv)
+  try:  # Fail early, in one line, on a wrong --data rather than with a traceback.
+    loader.ArrayRecordSource(args.data)
+  except (loader.source.MissingFileError, loader.source.NotArrayRecordError) as e:
+    parser.error(f"--data {args.data}: {e}")
   losses = train(
       args.data,
       steps=args.steps,

@@ -131,7 +131,24 @@ def read_dataset_info(dataset_dir: str | os.PathLike) -> dict[str, Any]:
       or not isinstance(info.get("splits", []), list)):
     raise NotATfdsDatasetError(
         f"{path!r} does not look like a TFDS dataset_info.json (it needs 'name' and 'splits').")
+  for split in info.get("splits", []):
+    _check_shard_lengths(path, split)
   return info
+
+
+def _check_shard_lengths(path: str, split: Any) -> None:
+  """Refuses a split whose shardLengths are not record counts (int64s are strings in proto JSON)."""
+  if not isinstance(split, dict):
+    raise NotATfdsDatasetError(f"{path!r}: a split is {split!r} where an object with 'name' belongs. "
+                               "The file is damaged or not written by TFDS; prepare the dataset again.")
+  lengths = split.get("shardLengths", [])
+  counts = lengths if isinstance(lengths, list) else [lengths]
+  bad = [n for n in counts if isinstance(n, bool) or not isinstance(n, (int, str)) or not str(n).isdigit()]
+  if bad or not isinstance(lengths, list):
+    raise NotATfdsDatasetError(
+        f"{path!r}: split {split.get('name')!r} has shardLengths {lengths!r} where a list of record "
+        "counts (e.g. [\"1024\", \"1024\"]) belongs. The file is damaged or not written by TFDS; "
+        "prepare the dataset again (or restore its dataset_info.json).")
 
 
 def available_file_formats(info: Mapping[str, Any]) -> list[str]:

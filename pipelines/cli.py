@@ -10,13 +10,14 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable
-
-from apache_beam.options.pipeline_options import PipelineOptions
+from typing import TYPE_CHECKING, Any, Callable
 
 from converter import ConvertOptions, ConversionError
 from converter.errors import Interrupted, root_cause_line
 from converter.tfrecord import COMPRESSIONS
+
+if TYPE_CHECKING:  # The dataflow package imports this module before it can say Beam is missing.
+  from apache_beam.options.pipeline_options import PipelineOptions
 
 
 def add_converter_flags(parser: argparse.ArgumentParser, *, io: bool = True) -> None:

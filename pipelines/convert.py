@@ -13,6 +13,10 @@ import sys
 import time
 from typing import Sequence
 
+if __name__ == "__main__":  # `python -m`: a missing extra in one line, as the console script says it.
+  from pipelines import entry_points  # pylint: disable=g-import-not-at-top
+  entry_points.exit_if_extra_missing(__spec__.name if __spec__ else "")
+
 import apache_beam as beam
 
 from converter import expand_patterns, read_manifest

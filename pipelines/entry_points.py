@@ -44,12 +44,21 @@ def missing_extra(script: str) -> str | None:
           f"pip install '{PACKAGE}[{extra}]' (or, in a checkout, pip install -e '.[{extra}]').")
 
 
+def exit_if_extra_missing(module: str) -> None:
+  """For `python -m <module>` (called before its heavy imports): the script's one line and exit 2."""
+  for script, (main_module, _, _) in SCRIPTS.items():
+    error = missing_extra(script) if main_module == module else None
+    if error:
+      print(error, file=sys.stderr)
+      raise SystemExit(2)
+
+
 def run(script: str, argv: Sequence[str] | None = None) -> int:
   """Runs a console script's main(argv); exit code 2 when its extra is missing."""
-  error = missing_extra(script)
-  if error:
-    print(error, file=sys.stderr)
-    return 2
+  try:
+    exit_if_extra_missing(SCRIPTS[script][0])
+  except SystemExit as e:
+    return e.code
   try:
     module = importlib.import_module(SCRIPTS[script][0])
   except KeyboardInterrupt:

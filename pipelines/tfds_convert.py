@@ -31,6 +31,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+if __name__ == "__main__":  # `python -m`: a missing extra in one line, as the console script says it.
+  from pipelines import entry_points  # pylint: disable=g-import-not-at-top
+  entry_points.exit_if_extra_missing(__spec__.name if __spec__ else "")
+
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 

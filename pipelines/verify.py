@@ -14,6 +14,10 @@ import os
 import sys
 from typing import Any, Sequence
 
+if __name__ == "__main__":  # `python -m`: a missing extra in one line, as the console script says it.
+  from pipelines import entry_points  # pylint: disable=g-import-not-at-top
+  entry_points.exit_if_extra_missing(__spec__.name if __spec__ else "")
+
 from converter import (ConversionError, RecordDigest, TFRecordReader, common_dir, expand_patterns,
                        output_path, read_manifest)
 from converter import writer as _writer

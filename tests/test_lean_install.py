@@ -120,11 +120,13 @@ def test_loader_reads_a_converted_dataset_without_beam(lean, dataset, workers):
   assert "pip install 'arrayrecord-toolkit[beam]'" in got["transform_error"]
 
 
-@pytest.mark.parametrize("script,extra", [
-    ("arrayrecord-convert", "beam"), ("arrayrecord-verify", "beam"),
-    ("arrayrecord-tfds", "beam"), ("arrayrecord-dataflow", "gcp")])
-def test_console_scripts_name_the_extra_to_install(lean, script, extra):
-  proc = _run([os.path.join(lean["venv"], "bin", script), "--input", "x", "--output", "y"])
+@pytest.mark.parametrize("script,extra,module", [
+    ("arrayrecord-convert", "beam", "pipelines.convert"), ("arrayrecord-verify", "beam", "pipelines.verify"),
+    ("arrayrecord-tfds", "beam", "pipelines.tfds_convert"), ("arrayrecord-dataflow", "gcp", "dataflow.submit")])
+@pytest.mark.parametrize("how", ["console script", "python -m"])
+def test_console_scripts_name_the_extra_to_install(lean, script, extra, module, how):
+  cmd = [os.path.join(lean["venv"], "bin", script)] if how == "console script" else [lean["python"], "-m", module]
+  proc = _run(cmd + ["--input", "x", "--output", "y"], cwd=str(lean["base"]))
   assert proc.returncode == 2
   assert proc.stdout == ""
   lines = proc.stderr.strip().splitlines()

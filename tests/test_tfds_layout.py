@@ -140,3 +140,15 @@ def test_shard_lengths_that_disagree_with_the_files_fail(tmp_path, tf_write, cap
   err = capsys.readouterr().err
   assert "3 records, expected 2" in err and "prepare the dataset again" in err
   assert not os.path.exists(os.path.join(out, "dataset_info.json"))
+
+
+@pytest.mark.parametrize("lengths", [["12", "x"], "12", [1.5], [True], None, [-1]])
+def test_damaged_shard_lengths_name_the_file_and_split(tmp_path, lengths):
+  d = tmp_path / "toy" / "1.0.0"
+  _write_info(str(d), [("train", [1], {})])
+  info = json.loads((d / "dataset_info.json").read_text())
+  info["splits"][0]["shardLengths"] = lengths
+  (d / "dataset_info.json").write_text(json.dumps(info))
+  with pytest.raises(layout.NotATfdsDatasetError,
+                     match=r"dataset_info\.json': split 'train' has shardLengths .* prepare the dataset again"):
+    layout.read_dataset_info(d)
