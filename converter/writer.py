@@ -53,7 +53,10 @@ def file_size(path: str) -> int:
   if is_local(path):
     return os.path.getsize(path)
   from apache_beam.io.filesystems import FileSystems
-  return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+  found = FileSystems.match([path])[0].metadata_list
+  if not found:
+    raise FileNotFoundError(errno.ENOENT, "No such file or object", path)
+  return found[0].size_in_bytes
 
 
 def output_identity(path: str) -> Any:

@@ -83,10 +83,12 @@ def build_pipeline(request: flags.Request, extra_flags: Sequence[str] = ()):
 def check_tfds_dataset(request: flags.Request):
   """TFDS mode, before building the job: the dataset is readable and convertible.
 
-  Reads dataset_info.json (the only bucket access when submitting). With
-  neither --overwrite nor --skip-existing, an --out-dir that already holds a
-  dataset_info.json is refused here; existing shards are found by the
-  workers, as in the TFRecord mode.
+  Reads dataset_info.json and lists the shards' folder (the only bucket
+  access when submitting): a shard it names that is missing is refused here,
+  not by a worker after the job has started. With neither --overwrite nor
+  --skip-existing, an --out-dir that already holds a dataset_info.json is
+  refused here; existing shards are found by the workers, as in the TFRecord
+  mode.
 
   Returns:
     The plan (pipelines.tfds_convert.TfdsPlan).
@@ -102,6 +104,7 @@ def check_tfds_dataset(request: flags.Request):
   try:
     plan = tfds_convert.plan_tfds(where, request.tfds_out_dir)
     tfds_convert.tfds_convert_options(plan, request.convert)
+    tfds_convert.check_shards_exist(plan)
     info = f"{plan.out_dir}/{tfds_layout.DATASET_INFO_NAME}"
     if not plan.in_place and request.convert.existing == "error" and _writer.exists(info):
       raise OutputExistsError([info])

@@ -73,18 +73,26 @@ def _listing(folder: str) -> dict[str, tuple[int, float]]:
           for m in found if "/" not in m.path[len(prefix):]}
 
 
-def input_sizes(paths: Iterable[str]) -> dict[str, int]:
-  """Byte size of each file, with one listing per folder (not one request per file)."""
+def _listed(paths: Iterable[str]) -> dict[str, tuple[int, float] | None]:
+  """{path: (size, modification time), or None where its folder's listing lacks it}: one listing per folder."""
   by_folder: dict[str, list[str]] = collections.defaultdict(list)
   for p in paths:
     by_folder[_split(p)[0]].append(p)
-  sizes = {}
+  out = {}
   for folder, files in by_folder.items():
     listed = _listing(folder)
-    for p in files:
-      entry = listed.get(_split(p)[1])
-      sizes[p] = entry[0] if entry else _writer.file_size(p)
-  return sizes
+    out.update((p, listed.get(_split(p)[1])) for p in files)
+  return out
+
+
+def input_sizes(paths: Iterable[str]) -> dict[str, int]:
+  """Byte size of each file, with one listing per folder (not one request per file)."""
+  return {p: entry[0] if entry else _writer.file_size(p) for p, entry in _listed(paths).items()}
+
+
+def missing_files(paths: Iterable[str]) -> list[str]:
+  """The paths that are not there (local or gs://), with one listing per folder."""
+  return [p for p, entry in _listed(paths).items() if entry is None and not _writer.exists(p)]
 
 
 def shards(plans: Sequence) -> list[Shard]:

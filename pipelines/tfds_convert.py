@@ -196,21 +196,24 @@ def tfds_convert_options(plan: TfdsPlan, options: ConvertOptions | None = None) 
   return options
 
 
+def check_shards_exist(plan: TfdsPlan) -> None:
+  """Refuses a dataset whose dataset_info.json names shards that are not there (one listing per folder)."""
+  missing = progress.missing_files(plan.inputs)
+  if missing:
+    raise ConversionError(
+        f"{len(missing)} of {len(plan.inputs)} TFRecord shard(s) named by "
+        f"{_join(plan.dataset_dir, _layout.DATASET_INFO_NAME)} are missing, e.g. "
+        f"{missing[0]!r}. The dataset is incomplete; prepare it again.")
+
+
 def check_inputs_and_outputs(plan: TfdsPlan, options: ConvertOptions) -> list:
-  """Up-front checks of a local run: inputs exist, outputs per options.existing.
+  """Up-front checks of a run: inputs exist, outputs per options.existing.
 
   Returns:
     The converter's ShardPlans.
   """
-  inputs = plan.inputs
-  if _writer.is_local(plan.dataset_dir):
-    missing = [p for p in inputs if not os.path.exists(p)]
-    if missing:
-      raise ConversionError(
-          f"{len(missing)} of {len(inputs)} TFRecord shard(s) named by "
-          f"{_join(plan.dataset_dir, _layout.DATASET_INFO_NAME)} are missing, e.g. "
-          f"{missing[0]!r}. The dataset is incomplete; prepare it again.")
-  shard_plans = plan_shards(inputs, options)
+  check_shards_exist(plan)
+  shard_plans = plan_shards(plan.inputs, options)
   if not plan.in_place and options.existing == "error":
     names = [_layout.DATASET_INFO_NAME, *plan.metadata_files]
     existing = [p for p in (_join(plan.out_dir, n) for n in names) if _writer.exists(p)]

@@ -137,6 +137,27 @@ def test_missing_dataset_and_existing_output_are_one_line_errors(gcs, capsys):
   assert f"{taken}/dataset_info.json" in err
 
 
+def test_a_missing_shard_is_refused_before_the_job_and_the_local_run(gcs, dataset, capsys, tmp_path):
+  from pipelines import tfds_convert
+  src = f"{B}/missing_shard/{NAME}/{VERSION}"
+  names = sorted(os.listdir(dataset[0]))
+  gone = next(n for n in names if "-train.tfrecord-00000-" in n)
+  for name in names:
+    if name != gone:
+      emu.upload(os.path.join(dataset[0], name), f"{src}/{name}")
+  out = f"{B}/missing_shard_out/{NAME}/{VERSION}"
+  argv_dataflow = ["--tfds-dataset-dir", src, "--out-dir", out, *DATAFLOW, "--dry-run",
+                   "--dry-run-dir", str(tmp_path / "request")]
+  for prog, main, argv in (("arrayrecord-dataflow", submit.main, argv_dataflow),
+                           ("arrayrecord-tfds", tfds_convert.main, ["--dataset_dir", src, "--out_dir", out, "--quiet"])):
+    code, err = main(argv), capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"{prog}: error: 1 of 4 TFRecord shard(s) named by {src}/dataset_info.json are missing, "
+                          f"e.g. '{src}/{gone}'. The dataset is incomplete; prepare it again."), err
+  assert not list(emu.client().bucket(emu.BUCKET).list_blobs(prefix="missing_shard_out/"))
+  assert not (tmp_path / "request").exists()
+
+
 # --- The dry run, as a process on a fresh copy of the checkout ------------------------
 
 
