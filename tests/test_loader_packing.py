@@ -336,7 +336,7 @@ def test_concat_then_split_errors():
   with pytest.raises(ValueError, match="overlap"):
     cts(src, length_struct={"a": 4}, meta_features=["a"], bos_features=["a"],
         bos_handling=cts_lib.BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS, bos_token_id=1)
-  with pytest.raises(ValueError, match=r"exactly the keys of length_struct \['a'\]"):
+  with pytest.raises(ValueError, match=r"structure \['a', 'b'\] but target sequence length is \{'a': 4\}\. There must be a sequence length for each feature"):
     list(cts(src, length_struct={"a": 4}))
   with pytest.raises(ValueError, match="meta features are longer"):
     list(cts(src, length_struct={"a": 4, "b": 1}, meta_features=["b"]))

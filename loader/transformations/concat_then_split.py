@@ -296,9 +296,12 @@ class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
   def _check_element(self, features: Any) -> None:
     if not isinstance(features, Mapping) or features.keys() != self._config.keys:
       got = list(features) if isinstance(features, Mapping) else type(features).__name__
+      # Starts with Grain's words, which client code matches.
       raise ValueError(
-          f"ConcatThenSplitIterDataset needs flat dict elements with exactly the keys of length_struct "
-          f"{list(self._config.length_struct)} (got {got}); drop or add features in a map() first.")
+          f"Parent element has structure {got} but target sequence length is "
+          f"{dict(self._config.length_struct)}. There must be a sequence length for each feature: "
+          "ConcatThenSplitIterDataset needs flat dict elements with exactly the keys of length_struct; "
+          "drop or add features in a map() first.")
 
   def __next__(self) -> dict[str, np.ndarray]:
     if self._ready:

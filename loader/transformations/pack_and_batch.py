@@ -114,7 +114,8 @@ class PackAndBatchOperation:
     for path, v, limit in zip(self._paths, leaves, self._lengths):
       if v.ndim == 0 or len(v) > limit:
         raise ValueError(
-            f"PackAndBatchOperation: feature {'/'.join(map(str, path)) or '<element>'} has length "
+            "Inputs to PackAndBatchOperation must be truncated to max length: feature "
+            f"{'/'.join(map(str, path)) or '<element>'} has length "
             f"{len(v) if v.ndim else 'none (a scalar)'}, over its packed length {limit}; truncate examples "
             "to length_struct before packing.")
     return leaves

@@ -39,9 +39,12 @@ class _PackIterator(iter_dataset.DatasetIterator):
   """
 
   def __init__(self, parent: iter_dataset.DatasetIterator, spec: packing_utils.PackSpec, *,
-               seed: int, shuffle_bins: bool, group_by_feature: str | None, owner: str):
+               seed: int, shuffle_bins: bool, group_by_feature: str | None, owner: str,
+               nesting: packing_utils.Nesting | None = None, error: str | None = None):
     super().__init__(parent)
     self._spec = spec
+    self._nesting = nesting
+    self._error = error  # Grain raises a nested feature that is not meta on the first next().
     self._seed = seed
     self._shuffle_bins = shuffle_bins
     self._group_by_feature = group_by_feature
@@ -118,6 +121,8 @@ class _PackIterator(iter_dataset.DatasetIterator):
         self._finish_window(None, (self._anchor, self._pulled))  # The last, possibly partial, window.
         return
       self._pulled += 1
+      if self._nesting is not None:
+        element = self._nesting.flatten(element)
       if self._filling is None:
         self._filling = packing_utils.PackingWindow(self._spec, element, self._cache)
       if not self._filling.try_add(element):
@@ -133,14 +138,19 @@ class _PackIterator(iter_dataset.DatasetIterator):
       self._window_start = self._next_start
       self._batch, self._order, self._next_row = None, None, 0
 
-  def __next__(self) -> dict[str, Any]:
+  def _check_usable(self) -> None:
     self._assert_not_closed()
+    if self._error:
+      raise ValueError(self._error)
+
+  def __next__(self) -> dict[str, Any]:
+    self._check_usable()
     if self._batch is None:
       self._fill()
     r = self._next_row if self._order is None else self._order[self._next_row]
     out = {k: v[r] for k, v in self._batch.items()}
     self._advance(1)
-    return out
+    return out if self._nesting is None else self._nesting.unflatten(out)
 
   def stacked_rows(self, count: int) -> dict[str, Any] | None:
     """The next `count` rows (fewer at the end) stacked as `batch` would, or None at the end.
@@ -149,7 +159,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
     fancy-indexing copy per feature and window instead of a dict per row and
     an `np.stack`. Errors consume what was read, as `batch` over `next()` does.
     """
-    self._assert_not_closed()
+    self._check_usable()
     pieces = []
     while count:
       if self._batch is None:
@@ -164,9 +174,10 @@ class _PackIterator(iter_dataset.DatasetIterator):
       pieces.append({k: v[rows] for k, v in self._batch.items()})
       self._advance(take)
       count -= take
-    if len(pieces) <= 1:
-      return pieces[0] if pieces else None
-    return {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+    if not pieces:
+      return None
+    out = pieces[0] if len(pieces) == 1 else {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+    return out if self._nesting is None else self._nesting.unflatten(out)
 
 
 class _PackIterDataset(iter_dataset.SequentialIterDataset):
@@ -202,8 +213,9 @@ class _PackIterDataset(iter_dataset.SequentialIterDataset):
       shuffle_bins_group_by_feature: Then sort rows by the mean of this
         feature's distinct non-zero values (stable in the shuffled order).
       meta_features: Features packed without `_segment_ids`/`_positions` (if in
-        `length_struct`) or returned as per-row lists of the packed elements'
-        values (if not).
+        `length_struct`, where a meta feature may be a nested dict of lengths:
+        each leaf is packed to its own length) or returned as per-row lists of
+        the packed elements' values (if not).
       pack_alignment_struct: Per feature, round each element's end up to a
         multiple of this.
       padding_struct: Per feature, the padding value (default 0).
@@ -211,10 +223,26 @@ class _PackIterDataset(iter_dataset.SequentialIterDataset):
     """
     super().__init__(parent)
     owner = type(self).__name__
+    # A nested dict in length_struct: each leaf is packed as its own feature.
+    self._nesting = nesting = packing_utils.Nesting.of(length_struct)
+    self._error = None
+    flat_meta = meta_features
+    if nesting is not None:
+      if not isinstance(meta_features, (str, bytes)):
+        flat_meta = nesting.flat_meta(meta_features)
+        not_meta = sorted(nesting.tops - set(meta_features))
+        if not_meta:
+          # Grain's words, raised where Grain raises them: on the first next().
+          self._error = (f"Failed to extract segment ids for {not_meta[0]!r}, which has type <class 'dict'> "
+                         "rather than np.ndarray. Perhaps it should be marked as a meta feature? (Only meta "
+                         f"features may be nested dicts; add {not_meta[0]!r} to meta_features.)")
+          flat_meta = list(flat_meta) + nesting.flat_meta(not_meta)
     self._spec = packing_utils.make_spec(
-        owner, length_struct=length_struct, num_packing_bins=num_packing_bins,
-        meta_features=meta_features, pack_alignment_struct=pack_alignment_struct,
-        padding_struct=padding_struct, max_sequences_per_bin=max_sequences_per_bin,
+        owner, length_struct=nesting.flat_struct(length_struct) if nesting else length_struct,
+        num_packing_bins=num_packing_bins, meta_features=flat_meta,
+        pack_alignment_struct=nesting.flat_struct(pack_alignment_struct) if nesting else pack_alignment_struct,
+        padding_struct=nesting.flat_struct(padding_struct) if nesting else padding_struct,
+        max_sequences_per_bin=max_sequences_per_bin,
         shuffle_bins_group_by_feature=shuffle_bins_group_by_feature, best_fit=self._BEST_FIT)
     self._seed = checks.check_int(seed, "seed", minimum=0)
     self._shuffle_bins = bool(shuffle_bins)
@@ -235,7 +263,8 @@ class _PackIterDataset(iter_dataset.SequentialIterDataset):
 
   def make_iterator(self, parent: iter_dataset.DatasetIterator) -> iter_dataset.DatasetIterator:
     return _PackIterator(parent, self._spec, seed=self._seed, shuffle_bins=self._shuffle_bins,
-                         group_by_feature=self._group_by_feature, owner=type(self).__name__)
+                         group_by_feature=self._group_by_feature, owner=type(self).__name__,
+                         nesting=self._nesting, error=self._error)
 
 
 class FirstFitPackIterDataset(_PackIterDataset):

@@ -111,6 +111,81 @@ def make_spec(owner: str, *, length_struct: Any, num_packing_bins: Any, meta_fea
       max_sequences_per_bin=max_sequences_per_bin, best_fit=bool(best_fit), output_keys=output_keys)
 
 
+_NEST_SEP = "\x1f"  # Joins the path of a nested meta feature's leaf into one packed key.
+
+
+@dataclasses.dataclass(frozen=True)
+class Nesting:
+  """Meta features given as nested dicts (Grain packs each leaf to its own length).
+
+  The packer works on flat keys: each leaf `{"m": {"x": ...}}` becomes the
+  key `"m\x1fx"` on the way in, and packed rows get the nested dicts back on
+  the way out, keys sorted at every level as Grain's pytree map emits them.
+  """
+
+  leaves: tuple[tuple[str, tuple[str, ...]], ...]  # (flat key, path) of each nested leaf.
+  tops: frozenset[str]
+
+  @classmethod
+  def of(cls, length_struct: Any) -> Nesting | None:
+    if not isinstance(length_struct, Mapping):
+      return None
+    leaves = tuple((_NEST_SEP.join(path), path) for k, v in length_struct.items() if isinstance(v, Mapping)
+                   for path in _paths(v, (k,)))
+    return cls(leaves, frozenset(path[0] for _, path in leaves)) if leaves else None
+
+  def flat_struct(self, struct: Any) -> Any:
+    """A length/alignment/padding struct with the nested features' leaves as flat keys."""
+    if not isinstance(struct, Mapping):
+      return struct
+    out = {k: v for k, v in struct.items() if k not in self.tops}
+    for flat, path in self.leaves:
+      out[flat] = _get_path(struct, path)
+    return out
+
+  def flat_meta(self, meta_features: Sequence[str]) -> list[str]:
+    return [f for m in meta_features
+            for f in ([flat for flat, path in self.leaves if path[0] == m] if m in self.tops else [m])]
+
+  def flatten(self, element: Any) -> Any:
+    if not isinstance(element, Mapping):
+      return element
+    out = {k: v for k, v in element.items() if k not in self.tops}
+    for flat, path in self.leaves:
+      try:
+        out[flat] = _get_path(element, path)
+      except (KeyError, TypeError):
+        pass  # The packer names the missing feature.
+    return out
+
+  def unflatten(self, packed: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in packed.items() if _NEST_SEP not in k}
+    for flat, path in self.leaves:
+      node = out
+      for k in path[:-1]:
+        node = node.setdefault(k, {})
+      node[path[-1]] = packed[flat]
+    return _sorted_dicts(out)
+
+
+def _paths(struct: Mapping[str, Any], prefix: tuple[str, ...]):
+  for k in sorted(struct):
+    if isinstance(struct[k], Mapping):
+      yield from _paths(struct[k], prefix + (k,))
+    else:
+      yield prefix + (k,)
+
+
+def _get_path(struct: Any, path: tuple[str, ...]) -> Any:
+  for k in path:
+    struct = struct[k]
+  return struct
+
+
+def _sorted_dicts(x: dict[str, Any]) -> dict[str, Any]:
+  return {k: _sorted_dicts(x[k]) if isinstance(x[k], dict) else x[k] for k in sorted(x)}
+
+
 def _length(x: Any) -> int:
   """Sequence length of a feature value; scalars count as one token (as in Grain)."""
   if type(x) is np.ndarray:  # pylint: disable=unidiomatic-typecheck
@@ -176,9 +251,10 @@ class PackingWindow:
   def _too_long(self, lengths: list[int]) -> ValueError:
     spec = self._spec
     bad = [(k, n, c) for k, n, c in zip(spec.keys, lengths, spec.capacities) if n > c]
+    who = "packer" if spec.best_fit else "PackedBatch"  # Grain's words, which client code matches.
     return ValueError(
-        f"Elements must be truncated to the packed length before packing; "
-        f"(feature, length, length_struct value) = {bad}. Truncate them in a map() first.")
+        f"Inputs to {who} must be truncated to max length. Exceeds: (feature, length, "
+        f"length_struct value) = {bad}. Truncate elements in a map() before packing.")
 
   def _find_row_scan(self, lengths: list[int]) -> int:
     """The row for an element (Grain's rule), or -1; a Python scan over the bins."""
