@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import struct
-import tempfile
 from itertools import islice
 from typing import Any, Callable, Iterable
 
@@ -82,13 +81,12 @@ def array_record_digest(path: str) -> tuple[int, str]:
   """
   from array_record.python.array_record_module import ArrayRecordReader
   local, tmp = path, None
-  if not _writer.is_local(path):
-    from apache_beam.io.filesystems import FileSystems
-    fd, tmp = tempfile.mkstemp(suffix=".array_record")
-    with os.fdopen(fd, "wb") as dst, FileSystems.open(path) as src:
-      shutil.copyfileobj(src, dst, 16 << 20)
-    local = tmp
   try:
+    if not _writer.is_local(path):
+      from apache_beam.io.filesystems import FileSystems
+      local = tmp = _writer.staging_file()
+      with open(tmp, "wb") as dst, FileSystems.open(path) as src:
+        shutil.copyfileobj(src, dst, 16 << 20)
     reader = ArrayRecordReader(local, "readahead_buffer_size:0")
     try:
       n = reader.num_records()

@@ -10,9 +10,11 @@ Beam FileSystems.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import filecmp
 import os
+import re
 import shutil
 import tempfile
 from typing import Any
@@ -144,9 +146,41 @@ def local_temp_path(final_path: str) -> str:
     parent = os.path.dirname(os.path.abspath(final_path))
     os.makedirs(parent, exist_ok=True)
     return ondisk.temp_name(os.path.abspath(final_path))
-  fd, path = tempfile.mkstemp(prefix="arrayrecord-", suffix=".tmp")
+  return staging_file()
+
+
+# Local copies of remote files: `arrayrecord-<pid>-<random>.tmp` in $TMPDIR, so
+# that what a killed (kill -9) run left is known to be nobody's and removed.
+_STAGING_RE = re.compile(r"arrayrecord-(\d+)-[^/]*\.tmp\Z")
+_swept = False
+
+
+def staging_file() -> str:
+  """A new empty local file (in $TMPDIR) for a copy of a remote file; the caller removes it."""
+  _sweep_dead_staging()
+  fd, path = tempfile.mkstemp(prefix=f"arrayrecord-{os.getpid()}-", suffix=".tmp")
   os.close(fd)
   return path
+
+
+def _sweep_dead_staging() -> None:
+  """Removes, once per process, staging files of processes that no longer run."""
+  global _swept
+  if _swept:
+    return
+  _swept = True
+  directory, here = tempfile.gettempdir(), ondisk.this_process()
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return
+  for name in names:
+    m = _STAGING_RE.match(name)
+    if m and not ondisk.is_alive(dataclasses.replace(here, pid=int(m[1]), start=0)):
+      try:
+        os.remove(os.path.join(directory, name))
+      except OSError:
+        pass  # Another user's, or already gone.
 
 
 def write_bytes_atomic(path: str, data: bytes) -> None:

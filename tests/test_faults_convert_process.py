@@ -177,6 +177,28 @@ def test_stale_temps_of_dead_runs_go_live_ones_stay(tmp_path, dataset):
     live.wait()
 
 
+def test_local_staging_copies_of_killed_runs_are_removed_live_ones_stay(tmp_path, monkeypatch):
+  # gs:// outputs are written to $TMPDIR first; a kill -9 leaves that copy behind.
+  monkeypatch.setattr(_writer.tempfile, "tempdir", str(tmp_path))
+  monkeypatch.setattr(_writer, "_swept", False)
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  live = subprocess.Popen(["sleep", "60"])
+  try:
+    names = {"dead": f"arrayrecord-{dead.pid}-k1llED.tmp", "live": f"arrayrecord-{live.pid}-aL1ve_.tmp",
+             "not ours": "arrayrecord-x1y2z3.tmp", "user": "notes.tmp"}
+    for name in names.values():
+      (tmp_path / name).write_bytes(b"partial")
+    new = _writer.staging_file()
+    assert os.path.dirname(new) == str(tmp_path)
+    assert os.path.basename(new).startswith(f"arrayrecord-{os.getpid()}-") and new.endswith(".tmp")
+    os.remove(new)
+    assert sorted(os.listdir(tmp_path)) == sorted(n for k, n in names.items() if k != "dead")
+  finally:
+    live.kill()
+    live.wait()
+
+
 def test_publish_never_replaces_a_file_written_after_planning(tmp_path):
   final = str(tmp_path / "x.array_record")
   # Planned as new (expect=None), but another writer published meanwhile.
