@@ -80,12 +80,12 @@ def _batch_pytree_node(values: Sequence[Any], path: str) -> Any:
                        f"({treedef} vs {other_def}).")
     for column, c in zip(columns, other):
       column.append(c)
-  return treedef.unflatten([make_batch(column, f"{path}[{i}]") for i, column in enumerate(columns)])
+  return treedef.unflatten([_make_batch(column, f"{path}[{i}]") for i, column in enumerate(columns)])
 
 
 def _stack_leaves(values: Sequence[Any], path: str) -> np.ndarray:
   first = values[0]
-  if isinstance(first, (bytes, str)) or not _numeric_leaf(first):
+  if isinstance(first, bytes) or not (isinstance(first, str) or _numeric_leaf(first)):
     return _object_array(values, path)
   try:
     stacked = np.stack([np.asarray(v) for v in values])
@@ -100,7 +100,7 @@ def _stack_leaves(values: Sequence[Any], path: str) -> np.ndarray:
   return stacked
 
 
-def make_batch(values: Sequence[Any], _path: str = "") -> Any:
+def make_batch(values: Sequence[Any]) -> Any:
   """Stacks `values` along a new leading axis, recursing into containers.
 
   Dicts (any Mapping), lists, tuples and namedtuples are batched per field and
@@ -108,20 +108,31 @@ def make_batch(values: Sequence[Any], _path: str = "") -> Any:
   list them in any order; an OrderedDict keeps its order), and a None field
   stays None. Classes registered as JAX pytree nodes (registered dataclasses,
   flax structs) are batched per child when JAX is imported, as in Grain.
-  Numeric leaves (numpy arrays and scalars, Python numbers) become
-  `np.stack`-ed arrays. `bytes`, `str` and any other object become a
-  1-D numpy array of dtype object holding the original objects: not `np.stack`,
-  whose fixed-width 'S' dtype would silently strip trailing NUL bytes from
-  serialized protos.
+  Numeric and `str` leaves (numpy arrays and scalars, Python numbers and
+  strings) become `np.stack`-ed arrays (strings: numpy's '<U' dtype, as in
+  Grain). `bytes` and any other object become a 1-D numpy array of dtype
+  object holding the original objects: not `np.stack`, whose fixed-width 'S'
+  dtype would silently strip trailing NUL bytes from serialized protos.
 
   Args:
     values: A non-empty sequence of elements with the same structure.
 
   Returns:
     One element of the same structure whose leaves have a leading batch axis.
+
+  Raises:
+    ValueError: the elements' structures or shapes differ (the message starts
+      with Grain's, which client code matches, then names the leaf).
   """
   if not values:
-    raise ValueError("Cannot batch an empty list of elements.")
+    raise ValueError("Cannot batch 0 values (an empty list of elements).")
+  try:
+    return _make_batch(values, "")
+  except ValueError as e:
+    raise ValueError(f"Expected all input elements to have the same structure but got: {e}") from e
+
+
+def _make_batch(values: Sequence[Any], _path: str) -> Any:
   first = values[0]
   if first is None:
     # None is an empty subtree to Grain: it stays None, and cannot meet a
@@ -137,7 +148,7 @@ def make_batch(values: Sequence[Any], _path: str = "") -> Any:
         raise ValueError(
             f"Cannot batch {_path or '<element>'}: elements have different keys "
             f"({keys} vs {list(v.keys()) if isinstance(v, Mapping) else type(v).__name__}).")
-    out = {k: make_batch([v[k] for v in values], f"{_path}[{k!r}]") for k in keys}
+    out = {k: _make_batch([v[k] for v in values], f"{_path}[{k!r}]") for k in keys}
     return _rebuild_mapping(first, out)
   if isinstance(first, (tuple, list)):
     n = len(first)
@@ -147,7 +158,7 @@ def make_batch(values: Sequence[Any], _path: str = "") -> Any:
             f"Cannot batch {_path or '<element>'}: elements have different "
             f"structures ({type(first).__name__} of {n} vs {type(v).__name__} "
             f"of {len(v) if isinstance(v, Sized) else '?'}).")
-    fields = [make_batch([v[i] for v in values], f"{_path}[{i}]") for i in range(n)]
+    fields = [_make_batch([v[i] for v in values], f"{_path}[{i}]") for i in range(n)]
     if isinstance(first, tuple) and hasattr(first, "_fields"):
       return type(first)(*fields)
     return type(first)(fields)

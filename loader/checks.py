@@ -25,7 +25,7 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
     if minimum is not None and maximum is not None:
       want = f"an integer in [{minimum}, {maximum}]"
     elif minimum is not None:
-      want = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+      want = "positive: an integer >= 1" if minimum == 1 else f"an integer >= {minimum}"  # Grain: "must be positive."
     elif maximum is not None:
       want = f"an integer <= {maximum}"
     else:
@@ -34,7 +34,11 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
   return int(value)
 
 
-class SeedTypeError(ValueError, TypeError):
+class ArgumentTypeError(ValueError, TypeError):
+  """An argument of the wrong type where Grain raises one of the two and loader the other."""
+
+
+class SeedTypeError(ArgumentTypeError):
   """A seed that is not an integer (a TypeError too, as Grain raises for e.g. a tuple)."""
 
 
@@ -43,7 +47,8 @@ def check_seed(seed: Any, what: str = "seed", *, any_size: bool = False) -> int:
   `any_size` (Grain's `seed()` and random maps hash it into a Philox key)."""
   if not is_int(seed) or seed < 0 or (not any_size and seed > MAX_SEED):
     # A number of the wrong kind or range is a bad value; anything else a bad type too.
-    error = ValueError if isinstance(seed, (int, float)) else SeedTypeError
+    # (A float is a bad type, as numpy's SeedSequence, which Grain calls, says.)
+    error = ValueError if isinstance(seed, (int, np.integer)) else SeedTypeError
     wanted = "a non-negative integer" if any_size else "an integer between 0 and 2**32-1"
     raise error(f"{what}: seed must be {wanted} (got {seed=!r}).")
   return int(seed)

@@ -165,10 +165,11 @@ class FilterRatioCheck:
     return None
 
   def error(self) -> FilterRatioError:
-    return FilterRatioError(
-        f"{self._stage} dropped {self._last_ratio:.2%} of the last {CHECK_WINDOW} elements "
-        f"(filter_raise_threshold_ratio={self._raise}). Check the filter; if this is intended, pre-filter the "
-        "data, or pass DatasetOptions(filter_raise_threshold_ratio=None) to WithOptionsIterDataset.")
+    return FilterRatioError(  # Grain's words, which client code matches.
+        f"Transformation {self._stage} skipped {self._last_ratio * 100:.2f} % of the last seen {CHECK_WINDOW} "
+        f"elements (filter_raise_threshold_ratio={self._raise}). Please check the filtering logic; if this is "
+        "intended, pre-filter the data, or pass DatasetOptions(filter_raise_threshold_ratio=None) to "
+        "WithOptionsIterDataset.")
 
   def _judge(self) -> bool:
     """Closes the window; True if it breaks the raise threshold (warnings are logged here)."""
@@ -181,7 +182,8 @@ class FilterRatioCheck:
       now = time.monotonic()
       if now - self._last_warning >= _WARN_INTERVAL_S:
         self._last_warning = now
-        _log.warning("%s dropped %.2f%% of the last %d elements. Check the filter; if this is intended, "
-                     "pre-filter the data, or pass DatasetOptions(filter_warn_threshold_ratio=None) to "
-                     "WithOptionsIterDataset.", self._stage, ratio * 100, CHECK_WINDOW)
+        _log.warning("Transformation %s skipped %.2f %% of the last seen %d elements. Please check the "
+                     "filtering logic; if this is intended, pre-filter the data, or pass "
+                     "DatasetOptions(filter_warn_threshold_ratio=None) to WithOptionsIterDataset.",
+                     self._stage, ratio * 100, CHECK_WINDOW)
     return False

@@ -435,7 +435,9 @@ class SliceMapDataset(_IndexMapDataset[T]):
   def __init__(self, parent: MapDataset[T], sl: slice, *, op_repr: str | None = None):
     super().__init__(parent)
     if not isinstance(sl, slice):
-      raise TypeError(f"slice() expects a slice object, e.g. slice(0, 100) (got {sl!r}).")
+      # A TypeError, and a ValueError as Grain raises ("sl is not a slice").
+      raise checks.ArgumentTypeError(f"sl is not a slice: slice() expects a slice object, e.g. slice(0, 100) "
+                                     f"(got {sl!r}).")
     self._parent_len = len(parent)
     self._start, self._stop, self._step = sl.indices(self._parent_len)
     self._len = len(range(self._start, self._stop, self._step))
@@ -558,6 +560,19 @@ class FilterMapDataset(MapDataset[T]):
     return [x if x is not None and fn(x) else None for x in self._parent._getitems(indices)]
 
 
+def _first_discarding(ds: MapDataset) -> str:
+  """Grain's name for the nearest stage above `ds` that may discard elements."""
+  todo = [ds]
+  while todo:
+    d = todo.pop(0)
+    if type(d).__name__ == "FlatMapMapDataset":
+      return "FlatMapMapDataset"
+    if isinstance(d, FilterMapDataset):
+      return "MapDataset.filter"
+    todo.extend(d._parents)  # pylint: disable=protected-access
+  return "MapDataset.filter"
+
+
 class BatchMapDataset(MapDataset[S]):
   """Consecutive elements stacked into batches; one parent call per chunk."""
 
@@ -568,9 +583,10 @@ class BatchMapDataset(MapDataset[S]):
     super().__init__(parent)
     self._batch_size = checks.check_int(batch_size, "batch_size", minimum=1)
     if parent._may_contain_none:
-      raise ValueError(
-          "MapDataset.batch cannot follow filter(): filtered-out elements would "
-          "leave holes in batches. Use ds.to_iter_dataset().batch(...) instead.")
+      culprit = _first_discarding(parent)
+      raise ValueError(  # Grain's words first: client code matches them.
+          f"`MapDataset.batch` can not follow `{culprit}` because `{culprit.rsplit('.', 1)[-1]}` can discard "
+          "elements (they would leave holes in batches). Use ds.to_iter_dataset().batch(...) instead.")
     self._parent_len = len(parent)
     self._drop_remainder = bool(drop_remainder)
     self._batch_fn = batch_fn or batching.make_batch

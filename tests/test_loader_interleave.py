@@ -181,7 +181,7 @@ def test_close_stops_the_read_ahead_threads():
 
 
 def test_argument_errors():
-  with pytest.raises(ValueError, match="cycle_length must be a positive integer"):
+  with pytest.raises(ValueError, match="cycle_length must be positive: an integer >= 1"):
     InterleaveIterDataset([M.range(3)], cycle_length=0)
   with pytest.raises(TypeError, match="autotuned cycle lengths are not supported"):
     InterleaveIterDataset([M.range(3)], cycle_length=2.0)

@@ -200,9 +200,11 @@ class _Flaky:
 
 @pytest.mark.parametrize("stage", ["prefix_map", "prefetch", "seq_map", "seq_filter", "seq_batch"])
 def test_an_error_consumes_the_failing_element_and_next_goes_on_as_in_grain(stage):
-  # The random-access prefix already retries a failed chunk element by
-  # element once, so there an error must occur twice to surface.
-  times = 2 if stage in ("prefix_map", "prefetch") else 1
+  # The random-access prefix retries a failed chunk element by element once,
+  # so there an error must occur twice to surface; and where a loaded machine
+  # measures the map as costly, the probes that decide whether to split chunks
+  # over threads may compute (and drop) the element a few times more.
+  times = 10 if stage in ("prefix_map", "prefetch") else 1
   base = loader.MapDataset.range(30).to_iter_dataset()
 
   def make(flaky):
@@ -330,7 +332,7 @@ def test_chunk_sizes_ramp_up_and_adapt_to_cost_bytes_and_workers():
 def test_read_options_validation_and_closed_iterators():
   with pytest.raises(ValueError, match=r"num_threads must be an integer >= 0 \(got num_threads=-2\)"):
     loader.ReadOptions(num_threads=-2)
-  with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+  with pytest.raises(ValueError, match="chunk_size must be positive: an integer >= 1"):
     loader.MultiprocessingOptions(num_workers=1, chunk_size=0)
   it = iter(loader.MapDataset.range(5).to_iter_dataset(loader.ReadOptions(chunk_size=2)))
   next(it)

@@ -43,7 +43,7 @@ def test_repeat_lengths_and_infinite_indexing():
   assert sorted(inf[i] for i in range(10**12, 10**12 + 5)) == list(range(5))
   with pytest.raises(ValueError, match="infinite"):
     inf.repeat(2)
-  with pytest.raises(ValueError, match="num_epochs must be a positive integer"):
+  with pytest.raises(ValueError, match="num_epochs must be positive: an integer >= 1"):
     _ints(5).repeat(0)
 
 
@@ -197,9 +197,9 @@ def test_batch_stacks_nested_structures():
 
 
 def test_batch_errors():
-  with pytest.raises(ValueError, match=r"batch_size must be a positive integer \(got batch_size=0\)"):
+  with pytest.raises(ValueError, match=r"batch_size must be positive: an integer >= 1 \(got batch_size=0\)"):
     _ints(4).batch(0)
-  with pytest.raises(ValueError, match="cannot follow filter"):
+  with pytest.raises(ValueError, match="can not follow `MapDataset.filter`"):
     _ints(4).filter(lambda x: x).batch(2)
   ragged = _ints(3).map(lambda i: np.zeros(i))
   with pytest.raises(ValueError, match="different shapes"):
@@ -272,7 +272,7 @@ def test_source_passthrough_for_sequences_and_datasets():
   ds = loader.MapDataset.source(["a", "b", "c"])
   assert list(ds) == ["a", "b", "c"]
   assert loader.MapDataset.source(ds) is ds
-  assert_streams_equal(list(ds.batch(2)), [np.array(["a", "b"], dtype=object), np.array(["c"], dtype=object)])
+  assert_streams_equal(list(ds.batch(2)), [np.array(["a", "b"]), np.array(["c"])])
   assert isinstance(ds, map_lib.SourceMapDataset)
 
 

@@ -43,7 +43,7 @@ def test_legacy_aliases():
 def test_batch_has_grains_fields_and_checks_the_size():
   assert [f.name for f in dataclasses.fields(transforms.Batch)] == [f.name for f in dataclasses.fields(grain.Batch)]
   assert transforms.Batch(4) == transforms.Batch(4, drop_remainder=False, batch_fn=None)
-  with pytest.raises(ValueError, match=r"batch_size must be a positive integer \(got batch_size=0\)"):
+  with pytest.raises(ValueError, match=r"batch_size must be positive: an integer >= 1 \(got batch_size=0\)"):
     transforms.Batch(0)
 
 
@@ -144,7 +144,7 @@ def test_shard_options_reprs_equal_grains():
 
 
 @pytest.mark.parametrize("index,count,message", [
-    (0, 0, r"shard_count must be a positive integer \(got shard_count=0\)"),
+    (0, 0, r"shard_count must be positive: an integer >= 1 \(got shard_count=0\)"),
     (3, 3, r"shard_index must be an integer in \[0, 2\] \(got shard_index=3\)"),
     (-1, 2, r"shard_index must be an integer in \[0, 1\] \(got shard_index=-1\)"),
 ])
@@ -210,7 +210,7 @@ def test_index_sampler_infinite_and_batched_keys():
 
 @pytest.mark.parametrize("kwargs,error,message", [
     ({"num_records": 0}, ValueError, r"num_records > 0 \(got num_records=0\)"),
-    ({"num_records": 5, "num_epochs": 0}, ValueError, r"num_epochs must be a positive integer"),
+    ({"num_records": 5, "num_epochs": 0}, ValueError, r"num_epochs must be positive: an integer >= 1"),
     ({"num_records": 5, "shuffle": True}, ValueError, r"needs a seed"),
     ({"num_records": 5, "seed": -1}, ValueError, r"seed must be an integer between 0 and 2\*\*32-1"),
     ({"num_records": 5, "seed": 2**32}, ValueError, r"seed must be an integer between 0 and 2\*\*32-1"),

@@ -196,7 +196,7 @@ def test_window_shuffle_iter_restores_at_every_step_with_grains_state_keys():
 
 
 def test_window_shuffle_argument_errors():
-  with pytest.raises(ValueError, match="window_size must be a positive integer"):
+  with pytest.raises(ValueError, match="window_size must be positive: an integer >= 1"):
     WindowShuffleMapDataset(M.range(5), window_size=0, seed=1)
   with pytest.raises(ValueError, match="seed must be an integer between 0 and 2\\*\\*32-1"):
     WindowShuffleIterDataset(M.range(5).to_iter_dataset(), window_size=2, seed=-1)

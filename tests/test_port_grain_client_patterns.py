@@ -333,7 +333,7 @@ def test_filter_ratio_check_counts_windows_across_chunks():
   assert check.first_failure(1000, dropped) is None
   # The next window: 500 dropped (of the run above) + 500 more here -> fails at its last element.
   assert check.first_failure(600, [True] * 600) == 499
-  with pytest.raises(ValueError, match="dropped 100.00% of the last 1000"):
+  with pytest.raises(ValueError, match="skipped 100.00 % of the last seen 1000"):
     raise check.error()
   with pytest.raises(ValueError, match=r"filter_raise_threshold_ratio must be None or a number in \[0, 1\]"):
     dataset_options.DatasetOptions(filter_raise_threshold_ratio=2)
