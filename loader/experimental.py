@@ -64,14 +64,14 @@ _NAMES: dict[str, tuple[str, str]] = {
     # Positions of MapDataset-part iterators, without computing elements.
     "get_next_index": ("loader.dataset_iterator", "get_next_index"),
     "set_next_index": ("loader.dataset_iterator", "set_next_index"),
+    # Shapes and dtypes of the elements, without reading any.
+    "get_element_spec": ("loader.element_spec", "get_element_spec"),
+    "ShapeDtypeStruct": ("loader.element_spec", "ShapeDtypeStruct"),
+    "ShapeDtypeStructProtocol": ("loader.element_spec", "ShapeDtypeStructProtocol"),
 }
 
 # Grain 0.2.18 names loader does not provide -> why, and what to use instead.
-UNSUPPORTED: dict[str, str] = {
-    "ShapeDtypeStruct": "element specs are not tracked; read one element to see its shapes",
-    "ShapeDtypeStructProtocol": "element specs are not tracked; read one element to see its shapes",
-    "get_element_spec": "element specs are not tracked; read one element to see its shapes",
-}
+UNSUPPORTED: dict[str, str] = {}
 
 __all__ = sorted(_NAMES)
 

@@ -32,6 +32,7 @@ import numpy as np
 from loader import apply as apply_lib
 from loader import checks
 from loader import dataset_iterator
+from loader import element_spec
 from loader import engine
 from loader import map_dataset as map_dataset_lib
 from loader import options as options_lib
@@ -66,6 +67,13 @@ class IterDataset(Generic[T], metaclass=_IterDatasetMeta):
   _same_as_grain = False
   # Grain subclasses record execution statistics through it (a no-op here).
   _stats = stats_lib.NO_STATS
+  # How this stage's element spec follows from its parents' (see loader.element_spec).
+  _spec_rule: str | None = None
+
+  @property
+  def _element_spec(self) -> Any:
+    """The spec of this dataset's elements (Grain's hook; `grain.experimental.get_element_spec`)."""
+    return element_spec.by_rule(self)
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
@@ -230,6 +238,7 @@ class MapBackedIterDataset(IterDataset[T]):
   """
 
   _same_as_grain = True
+  _spec_rule = "parent"
 
   def __init__(self, map_dataset: map_dataset_lib.MapDataset[T], *,
                read_options: options_lib.ReadOptions | None = None, allow_nones: bool = False,

@@ -26,6 +26,7 @@ import numpy as np
 
 from loader import batching
 from loader import checks
+from loader import element_spec
 from loader import permutation
 from loader import source as source_lib
 from loader import stats as stats_lib
@@ -99,6 +100,13 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
 
   # Grain subclasses record execution statistics through it (a no-op here).
   _stats = stats_lib.NO_STATS
+  # How this stage's element spec follows from its parents' (see loader.element_spec).
+  _spec_rule: str | None = None
+
+  @property
+  def _element_spec(self) -> Any:
+    """The spec of this dataset's elements (Grain's hook; `grain.experimental.get_element_spec`)."""
+    return element_spec.by_rule(self)
 
   def __init__(self, parents: MapDataset | Sequence[MapDataset] = ()):
     if isinstance(parents, MapDataset):
@@ -288,6 +296,8 @@ def _require_nonempty(ds: MapDataset, n: int) -> None:
 class _IndexMapDataset(MapDataset[T]):
   """A dataset whose element i is its parent's element at another index (shuffle, repeat, slice, seed)."""
 
+  _spec_rule = "parent"
+
   def _parent_indices(self, indices: np.ndarray) -> np.ndarray:
     return indices
 
@@ -311,6 +321,12 @@ class SourceMapDataset(MapDataset[T]):
 
   def __len__(self) -> int:
     return self._len
+
+  @property
+  def _element_spec(self) -> Any:
+    if isinstance(self._source, range):  # MapDataset.range: Grain's RangeMapDataset knows its spec.
+      return element_spec.range_spec()
+    raise element_spec.not_implemented(self)
 
   def __repr__(self) -> str:
     return f"MapDataset.source({self._source!r})"
@@ -458,6 +474,7 @@ class SliceMapDataset(_IndexMapDataset[T]):
 class MapMapDataset(MapDataset[S]):
   """Applies a function to each element."""
 
+  _spec_rule = "transform"
   _same_as_grain = True
 
   def __init__(self, parent: MapDataset[T], transform: Callable[[T], S]):
@@ -481,6 +498,7 @@ class MapMapDataset(MapDataset[S]):
 class MapWithIndexMapDataset(MapDataset[S]):
   """Applies a function to (index, element)."""
 
+  _spec_rule = "transform"
   _same_as_grain = True
 
   def __init__(self, parent: MapDataset[T], transform: Callable[[int, T], S]):
@@ -505,6 +523,7 @@ class MapWithIndexMapDataset(MapDataset[S]):
 class RandomMapMapDataset(MapDataset[S]):
   """Applies fn(element, rng) with rng = Philox(key=seed) at counter `index` (Grain's draws)."""
 
+  _spec_rule = "transform"
   _same_as_grain = True
 
   def __init__(self, parent: MapDataset[T], transform: Callable[[T, np.random.Generator], S],
@@ -536,6 +555,7 @@ class RandomMapMapDataset(MapDataset[S]):
 class FilterMapDataset(MapDataset[T]):
   """Replaces elements failing the predicate with None."""
 
+  _spec_rule = "parent"
   _same_as_grain = True
 
   def __init__(self, parent: MapDataset[T], transform: Callable[[T], bool]):
@@ -597,6 +617,10 @@ class BatchMapDataset(MapDataset[S]):
 
   def __len__(self) -> int:
     return self._len
+
+  @property
+  def _element_spec(self) -> Any:
+    return element_spec.batched(self._parent, self._batch_size, self._drop_remainder, self._batch_fn)
 
   def _op_repr(self) -> str:
     return f".batch({self._batch_size}, drop_remainder={self._drop_remainder})"

@@ -20,6 +20,7 @@ from loader import batching
 from loader import checks
 from loader import dataset_iterator
 from loader import dataset_options
+from loader import element_spec
 from loader import state as state_lib
 from loader.dataset_iterator import DatasetIterator
 from loader.iter_dataset import IterDataset
@@ -50,6 +51,7 @@ class _ParentPositionIterator(DatasetIterator[T]):
 
 class MapIterDataset(SequentialIterDataset[S]):
 
+  _spec_rule = "transform"
   _same_as_grain = True
 
   def __init__(self, parent: IterDataset[T], transform: Callable[[T], S]):
@@ -79,6 +81,7 @@ class _MapIterator(_ParentPositionIterator[S]):
 
 class FilterIterDataset(SequentialIterDataset[T]):
 
+  _spec_rule = "parent"
   _same_as_grain = True
 
   def __init__(self, parent: IterDataset[T], transform: Callable[[T], bool]):
@@ -125,6 +128,10 @@ class BatchIterDataset(SequentialIterDataset[S]):
     self._drop_remainder = bool(drop_remainder)
     self._batch_fn = batch_fn or batching.make_batch
 
+  @property
+  def _element_spec(self) -> Any:
+    return element_spec.batched(self._parent, self._batch_size, self._drop_remainder, self._batch_fn)
+
   def _op_repr(self) -> str:
     return f".batch({self._batch_size}, drop_remainder={self._drop_remainder})"
 
@@ -168,6 +175,7 @@ class _BatchIterator(_ParentPositionIterator[S]):
 class ThreadPrefetchIterDataset(SequentialIterDataset[T]):
   """Computes elements ahead in a background thread (Grain's `ThreadPrefetchIterDataset`)."""
 
+  _spec_rule = "parent"
   _same_as_grain = True
   _state_transparent = True  # Prefetching does not change the stream.
 
@@ -331,6 +339,7 @@ class ThreadPrefetchDatasetIterator(_ThreadPrefetchIterator[T]):
 class WithSeedIterDataset(SequentialIterDataset[T]):
   """Holds the default seed of downstream random operations."""
 
+  _spec_rule = "parent"
   _state_transparent = True
 
   def __init__(self, parent: IterDataset[T], seed: int):
@@ -370,6 +379,8 @@ class _CountingIterator(DatasetIterator[S]):
 
 class MapWithIndexIterDataset(SequentialIterDataset[S]):
 
+  _spec_rule = "transform"
+
   def __init__(self, parent: IterDataset[T], transform: Callable[[int, T], S]):
     super().__init__(parent)
     self._fn = checks.resolve_fn(transform, "map_with_index", "MapWithIndexIterDataset")
@@ -386,6 +397,8 @@ class MapWithIndexIterDataset(SequentialIterDataset[S]):
 
 class RandomMapIterDataset(SequentialIterDataset[S]):
   """fn(element, rng) with rng = Philox(seed) at a counter given by the stream position."""
+
+  _spec_rule = "transform"
 
   def __init__(self, parent: IterDataset[T], transform: Callable[[T, np.random.Generator], S],
                seed: int | None = None):

@@ -42,12 +42,6 @@ NAMESPACES = {
     "grain.constants": "loader.constants",
 }
 
-_EXPERIMENTAL_NOT_SUPPORTED = {
-    "ShapeDtypeStruct": "element-spec helper of get_element_spec, which loader does not have",
-    "ShapeDtypeStructProtocol": "element-spec helper of get_element_spec, which loader does not have",
-    "get_element_spec": "static element shapes/dtypes of a pipeline; not tracked by loader",
-}
-
 # (Grain namespace, name) -> why loader does not have it.
 NOT_SUPPORTED = {
     ("grain", "monitoring"): "Grain's internal telemetry module, reachable only as an import side effect",
@@ -55,8 +49,6 @@ NOT_SUPPORTED = {
     ("grain.multiprocessing", "SharedMemoryArrayMetadata"):
         "manual hand-over of shared-memory arrays by name; loader's workers already pass every numpy "
         "array through shared memory",
-    **{(ns, name): why for ns in ("grain.experimental", "grain.python.experimental")
-       for name, why in _EXPERIMENTAL_NOT_SUPPORTED.items()},
 }
 
 

@@ -30,6 +30,7 @@ class CacheIterDataset(iter_lib.SequentialIterDataset[T]):
   """
 
   _same_as_grain = True
+  _spec_rule = "parent"
 
   def __init__(self, parent: iter_lib.IterDataset[T]):  # Grain's keyword: CacheIterDataset(parent=ds).
     super().__init__(parent)

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from loader import checks
+from loader import element_spec
 from loader import iter_dataset as iter_lib
 from loader import map_dataset as map_lib
 from loader import state as state_lib
@@ -90,6 +91,12 @@ class InterleaveIterDataset(iter_lib.IterDataset[T]):
       self._datasets = self._datasets[sl]
     else:
       self._parents = tuple(self._parents[sl])
+
+  @property
+  def _element_spec(self) -> Any:
+    # As Grain: the first input's (interleaved inputs are assumed alike).
+    first = self._datasets[0] if self._datasets is not None else self._parents[0]
+    return element_spec.get_element_spec(first)
 
   def _op_repr(self) -> str:
     return f".interleave(cycle_length={self._cycle_length})"

@@ -20,6 +20,7 @@ class LimitIterDataset(iter_lib.SequentialIterDataset[T]):
   """
 
   _same_as_grain = True
+  _spec_rule = "parent"
 
   def __init__(self, parent: iter_lib.IterDataset[T], count: int):
     super().__init__(parent)

@@ -261,6 +261,7 @@ class MixedIterDataset(iter_lib.IterDataset[T]):
   """
 
   _same_as_grain = True
+  _spec_rule = "parent"
   # The mixture may change between checkpoint and resume: the pipeline
   # description leaves the inputs out and each input's state is checked alone.
   _state_hides_inputs = True

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from loader import checks
+from loader import element_spec
 from loader import iter_dataset as iter_lib
 from loader import state as state_lib
 
@@ -65,6 +66,10 @@ class RebatchIterDataset(iter_lib.SequentialIterDataset):
   """
 
   _same_as_grain = True
+
+  @property
+  def _element_spec(self) -> Any:
+    return element_spec.rebatched(self._parent, self._batch_size)
 
   def __init__(self, parent: iter_lib.IterDataset, batch_size: int, drop_remainder: bool = False):
     super().__init__(parent)

@@ -29,6 +29,7 @@ class RepeatIterDataset(iter_lib.SequentialIterDataset[T]):
   """
 
   _same_as_grain = True
+  _spec_rule = "parent"
 
   def __init__(self, parent: iter_lib.IterDataset[T], num_epochs: int | None = None):
     super().__init__(parent)

@@ -60,6 +60,7 @@ class SelectMapDataset(map_lib.MapDataset[T]):
   """
 
   _same_as_grain = True
+  _spec_rule = "parent"
 
   def __init__(self, parents: Sequence[map_lib.MapDataset[T]], selection_map: Any):
     parents = check_datasets(parents, type(self).__name__)

@@ -63,6 +63,8 @@ class WindowShuffleMapDataset(map_lib.MapDataset[T]):
     seed: Integer in [0, 2**32-1].
   """
 
+  _spec_rule = "parent"
+
   def __init__(self, parent: map_lib.MapDataset[T], *, window_size: int, seed: int):
     super().__init__(parent)
     self._window_size, self._seed = _check_args(window_size, seed, "WindowShuffleMapDataset")
@@ -107,6 +109,7 @@ class WindowShuffleIterDataset(iter_lib.SequentialIterDataset[T]):
   """
 
   _same_as_grain = True
+  _spec_rule = "parent"
 
   def __init__(self, parent: iter_lib.IterDataset[T], *, window_size: int, seed: int):
     super().__init__(parent)

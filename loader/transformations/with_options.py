@@ -22,6 +22,7 @@ class WithOptionsIterDataset(SequentialIterDataset[T]):
 
   _same_as_grain = True
   _state_transparent = True  # Options do not change the stream or the state.
+  _spec_rule = "parent"
 
   def __init__(self, parent: IterDataset[T], options: dataset_options.DatasetOptions):
     super().__init__(parent)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from loader import element_spec
 from loader import iter_dataset as iter_lib
 from loader import map_dataset as map_lib
 from loader import state as state_lib
@@ -32,6 +33,10 @@ class ZipMapDataset(map_lib.MapDataset[tuple]):
   """
 
   _same_as_grain = True
+
+  @property
+  def _element_spec(self) -> Any:
+    return tuple(element_spec.get_element_spec(p) for p in self._parents)
 
   def __init__(self, parents: Sequence[map_lib.MapDataset]):
     parents = tuple(parents)
@@ -80,6 +85,10 @@ class ZipIterDataset(iter_lib.IterDataset[tuple]):
   """
 
   _same_as_grain = True
+
+  @property
+  def _element_spec(self) -> Any:
+    return tuple(element_spec.get_element_spec(p) for p in self._parents)
 
   def __init__(self, parents: Sequence[iter_lib.IterDataset], *, strict: bool = True):
     parents = tuple(parents)
