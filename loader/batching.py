@@ -168,3 +168,12 @@ def _make_batch(values: Sequence[Any], _path: str) -> Any:
       return batched
   return _stack_leaves(values, _path)
 
+
+
+def enable_shared_memory_output(self) -> None:  # pylint: disable=unused-argument
+  """Grain's switch to write batches into shared memory; a no-op here.
+
+  Shared as a method by the batch datasets. loader's worker processes
+  already hand every numpy array to the consumer through shared memory, so
+  there is nothing to switch on.
+  """

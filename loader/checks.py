@@ -35,11 +35,11 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
 
 
 class ArgumentTypeError(ValueError, TypeError):
-  """An argument of the wrong type where Grain raises one of the two and loader the other."""
+  """An argument of the wrong type where Grain raises a ValueError (and loader used to raise a TypeError)."""
 
 
-class SeedTypeError(ArgumentTypeError):
-  """A seed that is not an integer (a TypeError too, as Grain raises for e.g. a tuple)."""
+class SeedTypeError(TypeError, ValueError):
+  """A seed that is not an integer: a TypeError as Grain's (numpy's SeedSequence), and a ValueError."""
 
 
 def check_seed(seed: Any, what: str = "seed", *, any_size: bool = False) -> int:

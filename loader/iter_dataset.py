@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from loader import apply as apply_lib
+from loader import batching
 from loader import checks
 from loader import dataset_iterator
 from loader import element_spec
@@ -239,6 +240,8 @@ class MapBackedIterDataset(IterDataset[T]):
 
   _same_as_grain = True
   _spec_rule = "parent"
+  # Iterator-level batches are folded in here.
+  enable_shared_memory_output = batching.enable_shared_memory_output
 
   def __init__(self, map_dataset: map_dataset_lib.MapDataset[T], *,
                read_options: options_lib.ReadOptions | None = None, allow_nones: bool = False,

@@ -16,6 +16,7 @@ epoch and `random_map` sees distinct indices in every epoch. User-facing
 from __future__ import annotations
 
 import abc
+import functools
 import math
 import operator
 import sys
@@ -107,6 +108,20 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
   def _element_spec(self) -> Any:
     """The spec of this dataset's elements (Grain's hook; `grain.experimental.get_element_spec`)."""
     return element_spec.by_rule(self)
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    fn = cls.__dict__.get("_getitems")
+    if fn is not None and cls.__module__.startswith("loader."):
+      # Ours take int64 arrays; Grain's private `_getitems`, which its tests
+      # and some subclasses call, takes any sequence of ints.
+      @functools.wraps(fn)
+      def _getitems(self, indices, _fn=fn):
+        if type(indices) is not np.ndarray:  # pylint: disable=unidiomatic-typecheck
+          indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return _fn(self, indices)
+
+      cls._getitems = _getitems
 
   def __init__(self, parents: MapDataset | Sequence[MapDataset] = ()):
     if isinstance(parents, MapDataset):
@@ -265,8 +280,8 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
             batch_fn: Callable[[Sequence[T]], S] | None = None) -> MapDataset[S]:
     """Groups consecutive elements into batches (see `batching.make_batch`).
 
-    Each epoch is batched separately. bytes/str leaves become 1-D numpy object
-    arrays holding the original objects.
+    Each epoch is batched separately. bytes leaves become 1-D numpy object
+    arrays holding the original objects; str leaves stack as numpy '<U' arrays.
     """
     return BatchMapDataset(self, batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
 
@@ -452,8 +467,8 @@ class SliceMapDataset(_IndexMapDataset[T]):
     super().__init__(parent)
     if not isinstance(sl, slice):
       # A TypeError, and a ValueError as Grain raises ("sl is not a slice").
-      raise checks.ArgumentTypeError(f"sl is not a slice: slice() expects a slice object, e.g. slice(0, 100) "
-                                     f"(got {sl!r}).")
+      raise checks.ArgumentTypeError(f"sl is not a slice: {type(sl)}. slice() expects a slice object, e.g. "
+                                     f"slice(0, 100) (got {sl!r}).")
     self._parent_len = len(parent)
     self._start, self._stop, self._step = sl.indices(self._parent_len)
     self._len = len(range(self._start, self._stop, self._step))
@@ -617,6 +632,8 @@ class BatchMapDataset(MapDataset[S]):
 
   def __len__(self) -> int:
     return self._len
+
+  enable_shared_memory_output = batching.enable_shared_memory_output
 
   @property
   def _element_spec(self) -> Any:

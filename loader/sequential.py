@@ -128,6 +128,8 @@ class BatchIterDataset(SequentialIterDataset[S]):
     self._drop_remainder = bool(drop_remainder)
     self._batch_fn = batch_fn or batching.make_batch
 
+  enable_shared_memory_output = batching.enable_shared_memory_output
+
   @property
   def _element_spec(self) -> Any:
     return element_spec.batched(self._parent, self._batch_size, self._drop_remainder, self._batch_fn)

@@ -81,8 +81,8 @@ class Batch:
     batch_size: Elements per batch.
     drop_remainder: Drop a last batch smaller than `batch_size`.
     batch_fn: Builds a batch from a list of elements; default
-      `loader.batching.make_batch` (numeric leaves stacked, bytes/str leaves in
-      numpy object arrays).
+      `loader.batching.make_batch` (numeric and str leaves stacked, bytes
+      leaves in numpy object arrays).
   """
 
   batch_size: int

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from loader import checks
+from loader import dataset_iterator
 from loader import element_spec
 from loader import iter_dataset as iter_lib
 from loader import map_dataset as map_lib
@@ -179,6 +180,22 @@ class _InterleaveDatasetIterator(iter_lib.DatasetIterator[T]):
       self._started = True
       for slot in range(self._cycle):
         self._open_into(slot)
+
+  def _get_next_index(self) -> int:
+    if self._num_datasets != 1:  # As Grain: a position only for a single input.
+      return super()._get_next_index()
+    it = self._iterators[0]
+    return 0 if it is None else dataset_iterator.get_next_index(it)
+
+  def _set_next_index(self, index: int) -> None:
+    if self._num_datasets != 1:
+      super()._set_next_index(index)
+      return
+    self._start()
+    if self._iterators[0] is None:  # Its input ended: open it again to move it.
+      self._next_in_datasets = 0
+      self._open_into(0)
+    dataset_iterator.set_next_index(self._iterators[0], index)
 
   def _retire(self, slot: int) -> None:
     it = self._iterators[slot]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeVar
 
+import numpy as np
+
 from loader import checks
+from loader import dataset_iterator
 from loader import iter_dataset as iter_lib
 from loader import state as state_lib
 
@@ -16,7 +20,8 @@ class LimitIterDataset(iter_lib.SequentialIterDataset[T]):
 
   Args:
     parent: The stream to limit.
-    count: The maximum number of elements, a positive integer.
+    count: The maximum number of elements, a positive integer (a float is
+      rounded up, as Grain's comparison with it does).
   """
 
   _same_as_grain = True
@@ -24,6 +29,8 @@ class LimitIterDataset(iter_lib.SequentialIterDataset[T]):
 
   def __init__(self, parent: iter_lib.IterDataset[T], count: int):
     super().__init__(parent)
+    if isinstance(count, (float, np.floating)) and math.isfinite(count) and count > 0:
+      count = math.ceil(count)  # Grain compares the elements read with count: 2.5 gives 3.
     self._count = checks.check_int(count, "count", minimum=1)
 
   def _op_repr(self) -> str:
@@ -52,6 +59,13 @@ class _LimitIterator(iter_lib.DatasetIterator[T]):
 
   def get_state(self) -> dict[str, Any]:
     return {"parent": self._parent.get_state(), "count_elements_read": self._read}
+
+  def _get_next_index(self) -> int:
+    return self._read  # Grain's: the elements read through the limit.
+
+  def _set_next_index(self, index: int) -> None:
+    dataset_iterator.set_next_index(self._parent, index)
+    self._read = index
 
   def set_state(self, state: dict[str, Any]) -> None:
     state_lib.check_keys(state, ("parent", "count_elements_read"), type(self).__name__)
