@@ -37,9 +37,11 @@ T = TypeVar("T")
 # records of 1 KB (2 cores), shuffled reads in process gave ~335k records/s
 # with 32768 records per chunk (~4k per file) and ~355k with 65536.
 _TARGET_RECORDS_PER_CHUNK = 65536
-# The first chunk is small so the first element arrives fast and huge
-# elements cannot blow up memory before their size is known; sizes then grow
-# geometrically to the target.
+# Chunks start small so the first element arrives fast and huge elements
+# cannot blow up memory before their size is known; sizes then grow
+# geometrically to the target. Before any chunk has been measured, chunks are
+# of 1, then _RAMP_FACTOR elements (an element of a slow source or map, tens
+# of ms, would otherwise hold the first one back for 64 of them).
 _FIRST_CHUNK_RECORDS = 64
 _RAMP_FACTOR = 4
 # A chunk should take about this long to compute: long enough to amortise a
@@ -80,8 +82,8 @@ class ChunkSizer:
   worker busy and batches flowing; in process, a full 64k-record chunk may
   take up to 0.5 s), ~64 MiB of measured element bytes, and,
   with `parallelism` consumers of chunks, half a fair share of what is left
-  (so a small dataset still reaches every worker). It starts at ~64 records
-  and grows 4x per chunk. A fixed `chunk_size` (in source records, whatever
+  (so a small dataset still reaches every worker). It starts with chunks of 1
+  and 4 elements until one is measured, then ~64 records, growing 4x per chunk. A fixed `chunk_size` (in source records, whatever
   stage a batch is on) overrides all of that. Chunk boundaries never change
   which elements are produced, so adapting them keeps iteration deterministic.
   """
@@ -93,6 +95,7 @@ class ChunkSizer:
     self._ramp = min(self._target, _elements_for(ds, _FIRST_CHUNK_RECORDS))
     self._parallelism = max(1, parallelism)
     self._calls = 0
+    self._unmeasured = 0  # Chunks handed out before any was measured (at most 2).
     # Decayed sums over recent chunks: the per-element cost is weighted by
     # elements, so a tiny first chunk that paid one-off costs (opening
     # files, first touches) cannot hold back the ramp for long.
@@ -108,6 +111,9 @@ class ChunkSizer:
     self._calls += 1
     if self._calls % self._parallelism == 0:  # Every consumer gets a small chunk first.
       self._ramp = min(self._target, self._ramp * _RAMP_FACTOR)
+    if self._seconds_sum == 0 and self._unmeasured < 2:  # Cost unknown: 1, then 4 elements.
+      self._unmeasured += 1
+      size = min(size, _RAMP_FACTOR ** (self._unmeasured - 1))
     if self._seconds_sum > 0:
       per_element = self._seconds_sum / self._elements_sum
       seconds = _TARGET_CHUNK_SECONDS

@@ -275,7 +275,7 @@ result = outcome(lambda: next(iter(ds)))
     **{f"max_sequences_per_bin_invalid_{v}": (f"""
 result = outcome(lambda: [PACKER(grain.MapDataset.source([]).to_iter_dataset(), length_struct={{"inputs": 6, "targets": 6}},
                                  num_packing_bins=2, max_sequences_per_bin={v}), None][1])
-""", re.escape(f"If specified, `max_sequences_per_bin` must be positive: an integer >= 1, but got {v}."))
+""", re.escape(f"If specified, `max_sequences_per_bin` must be a positive integer, but got {v}."))
        for v in (0, -1)},
     **{f"nested_feature_meta_{m}": (f"""
 rng = np.random.default_rng(42)
