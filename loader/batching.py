@@ -13,8 +13,12 @@ import numpy as np
 _ATOMIC = {bytes, str}
 
 
+class StructureMismatchError(ValueError):
+  """Elements whose trees differ (keys, lengths, container types, None vs a value), not just shapes."""
+
+
 def _mixed_none(path: str) -> ValueError:
-  return ValueError(f"Cannot batch {path or '<element>'}: some elements are None and some are not.")
+  return StructureMismatchError(f"Cannot batch {path or '<element>'}: some elements are None and some are not.")
 
 
 def _object_array(values: Sequence[Any], path: str = "") -> np.ndarray:
@@ -76,7 +80,7 @@ def _batch_pytree_node(values: Sequence[Any], path: str) -> Any:
   for v in values[1:]:
     other, other_def = _pytree_children(v, tree_util)
     if other_def != treedef:
-      raise ValueError(f"Cannot batch {path or '<element>'}: elements have different structures "
+      raise StructureMismatchError(f"Cannot batch {path or '<element>'}: elements have different structures "
                        f"({treedef} vs {other_def}).")
     for column, c in zip(columns, other):
       column.append(c)
@@ -129,7 +133,8 @@ def make_batch(values: Sequence[Any]) -> Any:
   try:
     return _make_batch(values, "")
   except ValueError as e:
-    raise ValueError(f"Expected all input elements to have the same structure but got: {e}") from e
+    error = StructureMismatchError if isinstance(e, StructureMismatchError) else ValueError
+    raise error(f"Expected all input elements to have the same structure but got: {e}") from e
 
 
 def _make_batch(values: Sequence[Any], _path: str) -> Any:
@@ -145,7 +150,7 @@ def _make_batch(values: Sequence[Any], _path: str) -> Any:
     ordered = isinstance(first, collections.OrderedDict)  # Its order is part of its structure.
     for v in values:
       if not isinstance(v, Mapping) or v.keys() != first.keys() or (ordered and list(v.keys()) != keys):
-        raise ValueError(
+        raise StructureMismatchError(
             f"Cannot batch {_path or '<element>'}: elements have different keys "
             f"({keys} vs {list(v.keys()) if isinstance(v, Mapping) else type(v).__name__}).")
     out = {k: _make_batch([v[k] for v in values], f"{_path}[{k!r}]") for k in keys}
@@ -154,7 +159,7 @@ def _make_batch(values: Sequence[Any], _path: str) -> Any:
     n = len(first)
     for v in values:
       if type(v) is not type(first) or len(v) != n:
-        raise ValueError(
+        raise StructureMismatchError(
             f"Cannot batch {_path or '<element>'}: elements have different "
             f"structures ({type(first).__name__} of {n} vs {type(v).__name__} "
             f"of {len(v) if isinstance(v, Sized) else '?'}).")

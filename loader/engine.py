@@ -88,8 +88,13 @@ class ChunkSizer:
   which elements are produced, so adapting them keeps iteration deterministic.
   """
 
-  def __init__(self, ds: map_dataset_lib.MapDataset, fixed_records: int | None, *, parallelism: int = 1):
+  def __init__(self, ds: map_dataset_lib.MapDataset, fixed_records: int | None, *, parallelism: int = 1,
+               split_width: Callable[[], int] | None = None):
     self._len = len(ds)
+    # How many elements a chunk needs to keep every thread it is split over
+    # busy: the floor of the time cap (else a slow element, over 0.1 s, would
+    # make chunks of one, computed one at a time).
+    self._split_width = split_width
     self._fixed = None if fixed_records is None else _elements_for(ds, fixed_records)
     self._target = _elements_for(ds, _TARGET_RECORDS_PER_CHUNK)
     self._ramp = min(self._target, _elements_for(ds, _FIRST_CHUNK_RECORDS))
@@ -119,7 +124,8 @@ class ChunkSizer:
       seconds = _TARGET_CHUNK_SECONDS
       if self._parallelism == 1 and self._target * per_element <= _FULL_CHUNK_SECONDS_IN_PROCESS:
         seconds = _FULL_CHUNK_SECONDS_IN_PROCESS
-      size = min(size, max(1, int(seconds / per_element)))
+      floor = self._split_width() if self._split_width is not None else 1
+      size = min(size, max(floor, int(seconds / per_element)))
     if self._bytes_cap is not None:
       size = min(size, self._bytes_cap)
     if self._parallelism > 1 and self._len < (1 << 62):
@@ -307,6 +313,12 @@ class ChunkComputer:
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
     self._closed = False
 
+  def split_width(self) -> int:
+    """Threads a large chunk would be split over now (1: computed whole)."""
+    if self._threads <= 1 or self._cost is None or self._cost < _SPLIT_SECONDS_PER_RECORD:
+      return 1
+    return self._threads if self._waits else min(self._threads, self._cores)
+
   def _slices(self, n: int) -> int:
     """Slices for the next chunk of n elements (counts a chunk left whole after a split that did not pay)."""
     if self._threads <= 1 or n <= 1 or self._cost is None or self._cost < _SPLIT_SECONDS_PER_RECORD:
@@ -430,7 +442,7 @@ class ThreadChunkProducer:
   def __init__(self, ds: map_dataset_lib.MapDataset, chunk_size: int | None, num_threads: int, buffer_size: int):
     self._len = len(ds)
     self._computer = ChunkComputer(ds, num_threads)
-    self._sizer = ChunkSizer(ds, chunk_size)
+    self._sizer = ChunkSizer(ds, chunk_size, split_width=self._computer.split_width)
     self._buffer_size = max(1, buffer_size)
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
     self._pending: collections.deque[tuple[int, int, concurrent.futures.Future]] = collections.deque()

@@ -99,7 +99,7 @@ class BatchOperation(Generic[_IN, _OUT]):
     """Grain's switch for its deprecation log line; loader logs none."""
 
   def __call__(self, input_iterator: Iterator[record.Record[_IN]]) -> Iterator[record.Record[_OUT]]:
-    batch_fn = self.batch_fn or batching.make_batch
+    batch_fn = self.batch_fn or _make_record_batch
     values: list[Any] = []
     last = None
     for r in input_iterator:
@@ -110,3 +110,28 @@ class BatchOperation(Generic[_IN, _OUT]):
         values = []
     if values and not self.drop_remainder:
       yield record.Record(last.remove_record_key(), batch_fn(values))
+
+
+class RecordStructureError(TypeError, ValueError):
+  """Records of one batch whose structures differ: Grain's legacy BatchOperation raises a TypeError."""
+
+
+def _make_record_batch(values: Sequence[Any]) -> Any:
+  try:
+    return batching.make_batch(values)
+  except batching.StructureMismatchError as e:
+    # Grain's message: which records differ from the first.
+    others = [i for i, v in enumerate(values[1:], 1) if not _same_structure(values[0], v)] or [None]
+    raise RecordStructureError(
+        f"Record structures do not match. Record at position 0 has structure {values[0]}, while records at "
+        f"positions {others} have structures {[values[i] for i in others if i is not None]}.") from e
+
+
+def _same_structure(a: Any, b: Any) -> bool:
+  try:
+    batching.make_batch([a, b])
+  except batching.StructureMismatchError:
+    return False
+  except ValueError:
+    pass  # Same structure, other shapes.
+  return True

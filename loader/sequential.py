@@ -290,6 +290,21 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
     self._state = self._parent.get_state()
     self._done = False
 
+  def _get_next_index(self) -> int:
+    # The parent has run ahead by the buffered elements: stop, and move it
+    # back to what was handed out (the buffer is refilled on the next call).
+    self._halt()
+    with dataset_iterator.parent_calls():
+      self._parent.set_state(self._state)
+    return dataset_iterator.get_next_index(self._parent)
+
+  def _set_next_index(self, index: int) -> None:
+    self._halt()
+    dataset_iterator.set_next_index(self._parent, index)
+    with dataset_iterator.parent_calls():
+      self._state = self._parent.get_state()
+    self._done = False
+
   def close(self) -> None:
     if not self._closed:
       self._halt()

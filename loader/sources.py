@@ -82,6 +82,10 @@ def reader_options_string(reader_options: dict[str, Any] | str | None) -> str:
   return ",".join(f"{k}:{v}" for k, v in merged.items())
 
 
+class RecordKeyError(ValueError, IndexError):
+  """A record key outside [0, len): Grain raises a ValueError, sequences an IndexError."""
+
+
 class ArrayRecordDataSource(source_lib.ArrayRecordSource):
   """Grain's `ArrayRecordDataSource`, read in batches by loader's pipelines.
 
@@ -160,8 +164,9 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
 
   def __getitem__(self, record_key: SupportsIndex) -> bytes:  # Grain's parameter name.
     i = record_key.__index__()
-    if not -len(self) <= i < len(self):
-      raise IndexError(f"Record index {i} out of range for a source of {len(self)} records.")
+    if not 0 <= i < len(self):  # Grain's rule: no negative keys.
+      raise RecordKeyError(f"Record key should be in [0, num_records): got {i} for a source of "
+                           f"{len(self)} records.")
     return self.read([i])[0]
 
   def __iter__(self) -> Iterator[bytes]:
@@ -191,16 +196,16 @@ class RangeDataSource:
 
   def __getitem__(self, record_key: SupportsIndex) -> int:
     i = record_key.__index__()
-    if not -self._len <= i < self._len:
-      raise IndexError(f"Index {i} out of range for a RangeDataSource of {self._len} elements.")
-    return self._start + (i % self._len) * self._step
+    if not 0 <= i < self._len:  # Grain's rule: no negative keys.
+      raise IndexError(f"Index {i} out of range for {self._len} (a RangeDataSource).")
+    return self._start + i * self._step
 
   def __getitems__(self, record_keys: Sequence[int]) -> list[int]:
     keys = np.asarray(record_keys, dtype=np.int64).reshape(-1)
-    if keys.size and (keys.min() < -self._len or keys.max() >= self._len):
-      bad = int(keys.min()) if keys.min() < -self._len else int(keys.max())
-      raise IndexError(f"Index {bad} out of range for a RangeDataSource of {self._len} elements.")
-    return (self._start + (keys % max(self._len, 1)) * self._step).tolist()
+    if keys.size and (keys.min() < 0 or keys.max() >= self._len):
+      bad = int(keys.min()) if keys.min() < 0 else int(keys.max())
+      raise IndexError(f"Index {bad} out of range for {self._len} (a RangeDataSource).")
+    return (self._start + keys * self._step).tolist()
 
   def __repr__(self) -> str:
     return f"RangeDataSource(start={self._start}, stop={self._stop}, step={self._step})"

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-
+import threading
 import time
 
 import numpy as np
@@ -357,6 +357,30 @@ def test_the_first_element_of_a_slow_source_waits_for_no_other(threads):
   assert next(it) == 0
   assert source.reads <= 5
   assert list(it) == list(range(1, 60))
+
+
+def test_elements_slower_than_a_chunk_target_still_use_every_thread():
+  # 120 ms per record is over the 0.1 s a chunk aims at: chunks must still
+  # hold one element per reading thread (not one element, read one at a time).
+  lock = threading.Lock()
+  running, most = [0], [0]
+
+  class Waiting:
+    def __len__(self):
+      return 24
+
+    def __getitem__(self, i):
+      with lock:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+      time.sleep(0.12)
+      with lock:
+        running[0] -= 1
+      return i
+
+  ds = loader.MapDataset.source(Waiting()).to_iter_dataset(loader.ReadOptions(num_threads=8))
+  assert list(ds) == list(range(24))
+  assert most[0] >= 6  # The first two chunks, before any measurement, hold 1 and 4.
 
 
 def test_read_options_validation_and_closed_iterators():

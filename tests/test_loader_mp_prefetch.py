@@ -549,3 +549,22 @@ def test_a_function_that_cannot_be_pickled_says_what_to_do():
   with pytest.raises(TypeError, match="cannot pickle '_thread.lock' object") as e:
     next(iter(ds))
   assert "Create such objects (locks, open files, clients) inside the function" in " ".join(e.value.__notes__)
+
+
+def _with_pid(x):
+  return (x, os.getpid())
+
+
+def test_set_state_keeps_the_worker_processes():
+  # As Grain's test_set_state_does_not_restart_process.
+  ds = loader.MapDataset.range(200).to_iter_dataset().map(_with_pid).mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=2))
+  it = iter(ds)
+  before = {p for _, p in (next(it) for _ in range(100))}
+  state = it.get_state()
+  next(it)
+  it.set_state(state)
+  rest = list(it)
+  assert [x for x, _ in rest] == list(range(100, 200))
+  assert {p for _, p in rest} == before and os.getpid() not in before and len(before) == 2
+  it.close()

@@ -118,11 +118,15 @@ def test_array_record_data_source_errors(files):
   directory = str(pathlib.Path(files[0]).parent)
   with pytest.raises(FileNotFoundError, match="every path must name one ArrayRecord file"):
     sources.ArrayRecordDataSource([directory, f"{files[0]}[0:1]"])
-  # A documented difference: Grain raises ValueError for keys out of range.
+  # Keys out of [0, len), negative ones too, are a ValueError as in Grain (and an IndexError).
   src = sources.ArrayRecordDataSource([FileInstruction(files[0], 1, 3, 5)])
-  with pytest.raises(ValueError):
-    grain.sources.ArrayRecordDataSource([FileInstruction(files[0], 1, 3, 5)])[3]
-  with pytest.raises(IndexError, match="Record index 3 out of range for a source of 3 records"):
+  theirs = grain.sources.ArrayRecordDataSource([FileInstruction(files[0], 1, 3, 5)])
+  for key in (3, -1):
+    with pytest.raises(ValueError, match=r"Record key should be in \[0, num_records\)"):
+      theirs[key]  # pylint: disable=pointless-statement
+    with pytest.raises(ValueError, match=rf"Record key should be in \[0, num_records\): got {key} for a source of 3"):
+      src[key]  # pylint: disable=pointless-statement
+  with pytest.raises(IndexError):
     src[3]  # pylint: disable=pointless-statement
   with pytest.raises(IndexError, match="Record index -4 out of range"):
     src.read([0, -4])
@@ -158,8 +162,10 @@ def test_range_data_source_errors():
     sources.RangeDataSource(0, 5, 0)
   with pytest.raises(ValueError, match=r"stop must be an integer \(got stop=2.5\)"):
     sources.RangeDataSource(0, 2.5, 1)
-  # Beyond Grain: negative indices count from the end, as for range().
-  assert sources.RangeDataSource(0, 10, 2)[-1] == 8
+  # As Grain: no negative indices.
+  for source in (sources.RangeDataSource(0, 10, 2), grain.sources.RangeDataSource(0, 10, 2)):
+    with pytest.raises(IndexError, match="Index -1 out of range for 5"):
+      source[-1]  # pylint: disable=pointless-statement
 
 
 # Grain's SharedMemoryDataSource.__del__ fails on an instance whose __init__
