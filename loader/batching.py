@@ -133,8 +133,8 @@ def make_batch(values: Sequence[Any]) -> Any:
   try:
     return _make_batch(values, "")
   except ValueError as e:
-    error = StructureMismatchError if isinstance(e, StructureMismatchError) else ValueError
-    raise error(f"Expected all input elements to have the same structure but got: {e}") from e
+    # A plain ValueError, as Grain's; the cause tells a structure from a shape mismatch.
+    raise ValueError(f"Expected all input elements to have the same structure but got: {e}") from e
 
 
 def _make_batch(values: Sequence[Any], _path: str) -> Any:

@@ -123,3 +123,7 @@ def by_rule(ds: Any) -> Any:
   if rule == "transform":
     return transformed(ds._fn, ds._parents[0])  # pylint: disable=protected-access
   raise not_implemented(ds)
+
+
+# The `_element_spec` property of loader's dataset bases (Grain's hook).
+spec_property = property(by_rule, doc="The spec of this dataset's elements (see `get_element_spec`).")

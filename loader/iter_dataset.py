@@ -70,11 +70,7 @@ class IterDataset(Generic[T], metaclass=_IterDatasetMeta):
   _stats = stats_lib.NO_STATS
   # How this stage's element spec follows from its parents' (see loader.element_spec).
   _spec_rule: str | None = None
-
-  @property
-  def _element_spec(self) -> Any:
-    """The spec of this dataset's elements (Grain's hook; `grain.experimental.get_element_spec`)."""
-    return element_spec.by_rule(self)
+  _element_spec = element_spec.spec_property
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)

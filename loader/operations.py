@@ -119,7 +119,9 @@ class RecordStructureError(TypeError, ValueError):
 def _make_record_batch(values: Sequence[Any]) -> Any:
   try:
     return batching.make_batch(values)
-  except batching.StructureMismatchError as e:
+  except ValueError as e:
+    if not isinstance(e.__cause__, batching.StructureMismatchError):
+      raise
     # Grain's message: which records differ from the first.
     others = [i for i, v in enumerate(values[1:], 1) if not _same_structure(values[0], v)] or [None]
     raise RecordStructureError(
@@ -130,8 +132,6 @@ def _make_record_batch(values: Sequence[Any]) -> Any:
 def _same_structure(a: Any, b: Any) -> bool:
   try:
     batching.make_batch([a, b])
-  except batching.StructureMismatchError:
-    return False
-  except ValueError:
-    pass  # Same structure, other shapes.
+  except ValueError as e:
+    return not isinstance(e.__cause__, batching.StructureMismatchError)  # Else other shapes only.
   return True

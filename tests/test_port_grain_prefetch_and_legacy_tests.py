@@ -21,6 +21,26 @@ import pytest
 from tests import porting
 from tests.porting import plain, structure
 
+# An endless source with no MapDataset part (Grain's test helper), in both heads.
+ITER_SOURCE = """
+class RepeatedIntSourceIterDataset(grain.IterDataset):
+
+  def __iter__(self):
+    return RepeatedIntSourceDatasetIterator()
+
+
+class RepeatedIntSourceDatasetIterator(grain.DatasetIterator):
+
+  def __next__(self) -> int:
+    return 1
+
+  def set_state(self, state):
+    pass
+
+  def get_state(self):
+    return {}
+"""
+
 HEAD = """
 import dataclasses
 import gc
@@ -71,22 +91,7 @@ class FilterAllElements(grain.transforms.Filter):
     return False
 
 
-class RepeatedIntSourceIterDataset(grain.IterDataset):
-
-  def __iter__(self):
-    return RepeatedIntSourceDatasetIterator()
-
-
-class RepeatedIntSourceDatasetIterator(grain.DatasetIterator):
-
-  def __next__(self) -> int:
-    return 1
-
-  def set_state(self, state):
-    pass
-
-  def get_state(self):
-    return {}
+""" + ITER_SOURCE + """
 
 
 def restore_steps(make, max_steps, steps, fresh=False):
@@ -936,22 +941,7 @@ def with_pid(x):
   return [int(x), os.getpid()]
 
 
-class RepeatedIntSourceIterDataset(grain.IterDataset):
-
-  def __iter__(self):
-    return RepeatedIntSourceDatasetIterator()
-
-
-class RepeatedIntSourceDatasetIterator(grain.DatasetIterator):
-
-  def __next__(self) -> int:
-    return 1
-
-  def set_state(self, state):
-    pass
-
-  def get_state(self):
-    return {}
+""" + ITER_SOURCE + """
 
 
 def mp(ds, workers, buffer_size=1, **kwargs):
