@@ -317,7 +317,10 @@ class ChunkComputer:
     """Threads a large chunk would be split over now (1: computed whole)."""
     if self._threads <= 1 or self._cost is None or self._cost < _SPLIT_SECONDS_PER_RECORD:
       return 1
-    return self._threads if self._waits else min(self._threads, self._cores)
+    if self._waits:
+      return self._threads
+    # Computing work: over the cores, unless a split did not pay (chunks stay whole for a while).
+    return 1 if self._whole_left > 0 else min(self._threads, self._cores)
 
   def _slices(self, n: int) -> int:
     """Slices for the next chunk of n elements (counts a chunk left whole after a split that did not pay)."""
