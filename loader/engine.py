@@ -82,9 +82,11 @@ class ChunkSizer:
   worker busy and batches flowing; in process, a full 64k-record chunk may
   take up to 0.5 s), ~64 MiB of measured element bytes, and,
   with `parallelism` consumers of chunks, half a fair share of what is left
-  (so a small dataset still reaches every worker). It starts with chunks of 1
-  and 4 elements until one is measured, then ~64 records, growing 4x per chunk. A fixed `chunk_size` (in source records, whatever
-  stage a batch is on) overrides all of that. Chunk boundaries never change
+  (so a small dataset still reaches every worker); in process, never fewer
+  elements than the threads a chunk is split over. It starts with chunks of 1
+  and 4 elements until one is measured, then ~64 records, growing 4x per
+  chunk. A fixed `chunk_size` (in source records, whatever stage a batch is
+  on) overrides all of that. Chunk boundaries never change
   which elements are produced, so adapting them keeps iteration deterministic.
   """
 
