@@ -21,6 +21,17 @@ import pytest
 from tests import porting
 from tests.porting import plain, structure
 
+# [the exception's nearest built-in class (what `except` clauses name), message], in both heads.
+CATCH = """
+def catch(fn):
+  # [the exception's nearest built-in class (what `except` clauses name), message]
+  try:
+    fn()
+  except BaseException as e:  # pylint: disable=broad-except
+    return [next(c for c in type(e).__mro__ if c.__module__ == "builtins").__name__, str(e)]
+  return None
+"""
+
 # An endless source with no MapDataset part (Grain's test helper), in both heads.
 ITER_SOURCE = """
 class RepeatedIntSourceIterDataset(grain.IterDataset):
@@ -53,14 +64,7 @@ import grain.python as pygrain  # Makes grain.python an attribute, as in a clien
 import numpy as np
 
 
-def catch(fn):
-  # [the exception's nearest built-in class (what `except` clauses name), message]
-  try:
-    fn()
-  except BaseException as e:  # pylint: disable=broad-except
-    return [next(c for c in type(e).__mro__ if c.__module__ == "builtins").__name__, str(e)]
-  return None
-
+""" + CATCH + """
 
 def kind(fn):
   caught = catch(fn)
@@ -925,13 +929,7 @@ def log(message):  # Progress on stderr, shown if the script fails or times out.
   print(f"{time.time() - T0:.1f}s {message}", file=sys.stderr, flush=True)
 
 
-def catch(fn):
-  try:
-    fn()
-  except BaseException as e:  # pylint: disable=broad-except
-    return [next(c for c in type(e).__mro__ if c.__module__ == "builtins").__name__, str(e)]
-  return None
-
+""" + CATCH + """
 
 def odd(x):
   return x % 2 == 1
