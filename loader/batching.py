@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import sys
-from collections.abc import Mapping, Sequence, Sized
+from collections.abc import Callable, Mapping, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -173,6 +173,24 @@ def _make_batch(values: Sequence[Any], _path: str) -> Any:
       return batched
   return _stack_leaves(values, _path)
 
+
+def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
+  """`fn` applied to each leaf of dicts, lists and tuples, keeping their types.
+
+  Plain dicts come out with sorted keys, as Grain's pytree maps return them;
+  other mappings (OrderedDict ...) keep their order; namedtuples stay
+  namedtuples.
+  """
+  if isinstance(tree, Mapping):
+    if type(tree) is dict:  # pylint: disable=unidiomatic-typecheck
+      return {k: map_leaves(fn, tree[k]) for k in sorted(tree)}
+    return type(tree)({k: map_leaves(fn, v) for k, v in tree.items()})
+  if isinstance(tree, (tuple, list)):
+    fields = [map_leaves(fn, v) for v in tree]
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+      return type(tree)(*fields)
+    return type(tree)(fields)
+  return fn(tree)
 
 
 def enable_shared_memory_output(self) -> None:  # pylint: disable=unused-argument

@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
+
+from loader import batching
 
 __all__ = ["ShapeDtypeStruct", "ShapeDtypeStructProtocol", "get_element_spec"]
 
@@ -59,18 +61,6 @@ def not_implemented(ds: Any) -> NotImplementedError:
   return NotImplementedError(f"`element_spec` inference is not implemented for {type(ds).__name__}")
 
 
-def map_structure(fn: Callable[[Any], Any], tree: Any) -> Any:
-  """`fn` applied to each leaf of dicts, lists and tuples (namedtuples keep their type)."""
-  if isinstance(tree, Mapping):
-    return type(tree)({k: map_structure(fn, v) for k, v in tree.items()}) if type(tree) is not dict \
-        else {k: map_structure(fn, tree[k]) for k in sorted(tree)}
-  if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-    return type(tree)(*(map_structure(fn, v) for v in tree))
-  if isinstance(tree, (list, tuple)):
-    return type(tree)(map_structure(fn, v) for v in tree)
-  return fn(tree)
-
-
 def transformed(transform: Any, parent: Any) -> Any:
   """The spec after a map: the transform's `output_spec(parent spec)`.
 
@@ -90,14 +80,13 @@ def transformed(transform: Any, parent: Any) -> Any:
 
 def batched(parent: Any, batch_size: int, drop_remainder: bool, batch_fn: Callable[..., Any] | None) -> Any:
   """The spec after a batch: a leading axis of `batch_size` (None if the last batch may be short)."""
-  from loader import batching  # pylint: disable=g-import-not-at-top  # batching imports nothing of ours.
   fn = batch_fn.func if isinstance(batch_fn, functools.partial) else batch_fn
   if fn is not None and callable(getattr(fn, "output_spec", None)):
     return fn.output_spec(get_element_spec(parent), batch_size, drop_remainder)
   if fn is not None and fn is not batching.make_batch:
     raise NotImplementedError("Element spec inference is not supported with custom batching functions")
   size = batch_size if drop_remainder else None
-  return map_structure(lambda x: ShapeDtypeStruct(shape=(size, *x.shape), dtype=x.dtype),
+  return batching.map_leaves(lambda x: ShapeDtypeStruct(shape=(size, *x.shape), dtype=x.dtype),
                        get_element_spec(parent))
 
 
@@ -107,7 +96,7 @@ def rebatched(parent: Any, batch_size: int) -> Any:
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
       return x
     return type(x)(shape=(batch_size, *x.shape[1:]), dtype=x.dtype)
-  return map_structure(replace, get_element_spec(parent))
+  return batching.map_leaves(replace, get_element_spec(parent))
 
 
 def range_spec() -> ShapeDtypeStruct:

@@ -317,23 +317,22 @@ class ChunkComputer:
 
   def split_width(self) -> int:
     """Threads a large chunk would be split over now (1: computed whole)."""
+    return self._width(count_whole=False)
+
+  def _slices(self, n: int) -> int:
+    """Slices for the next chunk of n elements (counts a chunk left whole after a split that did not pay)."""
+    return 1 if n <= 1 else min(n, self._width(count_whole=True))
+
+  def _width(self, *, count_whole: bool) -> int:
     if self._threads <= 1 or self._cost is None or self._cost < _SPLIT_SECONDS_PER_RECORD:
       return 1
     if self._waits:
       return self._threads
-    # Computing work: over the cores, unless a split did not pay (chunks stay whole for a while).
-    return 1 if self._whole_left > 0 else min(self._threads, self._cores)
-
-  def _slices(self, n: int) -> int:
-    """Slices for the next chunk of n elements (counts a chunk left whole after a split that did not pay)."""
-    if self._threads <= 1 or n <= 1 or self._cost is None or self._cost < _SPLIT_SECONDS_PER_RECORD:
+    if self._whole_left > 0:  # A split of computing work did not pay: whole chunks for a while.
+      if count_whole:
+        self._whole_left -= 1
       return 1
-    if self._waits:
-      return min(n, self._threads)
-    if self._whole_left > 0:
-      self._whole_left -= 1
-      return 1
-    return min(n, self._threads, self._cores)
+    return min(self._threads, self._cores)
 
   def _probe(self, start: int) -> None:
     """Splits `_PROBE_RECORDS` x 2 records of the per-record dataset (see there) and learns from it."""

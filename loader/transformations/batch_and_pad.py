@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -14,23 +14,13 @@ T = TypeVar("T")
 
 
 def _pad_leaves(batch: Any, padding_size: int, pad_value: Any) -> Any:
-  """Appends `padding_size` rows of `pad_value` to every leaf.
-
-  Plain dicts come out with sorted keys, as Grain's pytree map returns them.
-  """
-  if isinstance(batch, Mapping):
-    if type(batch) is dict:  # pylint: disable=unidiomatic-typecheck
-      return {k: _pad_leaves(batch[k], padding_size, pad_value) for k in sorted(batch)}
-    return type(batch)({k: _pad_leaves(v, padding_size, pad_value) for k, v in batch.items()})
-  if isinstance(batch, (tuple, list)):
-    fields = [_pad_leaves(v, padding_size, pad_value) for v in batch]
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-      return type(batch)(*fields)
-    return type(batch)(fields)
-  if not padding_size:
-    return batch
-  padding = np.full((padding_size, *batch.shape[1:]), pad_value, dtype=batch.dtype)
-  return np.concatenate([batch, padding], axis=0)
+  """Appends `padding_size` rows of `pad_value` to every leaf (plain dicts' keys sorted, as Grain's)."""
+  def pad(leaf):
+    if not padding_size:
+      return leaf
+    padding = np.full((padding_size, *leaf.shape[1:]), pad_value, dtype=leaf.dtype)
+    return np.concatenate([leaf, padding], axis=0)
+  return batching.map_leaves(pad, batch)
 
 
 def batch_and_pad(values: Sequence[T], *, batch_size: int, pad_value: Any = 0) -> T:
