@@ -95,6 +95,22 @@ def run_script(source: str, lib: str, directory: str | os.PathLike, *args: str, 
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# Snippet source: a logging handler that keeps the warnings' messages (`Capture().messages`).
+CAPTURE_LOGS = """
+import logging
+
+
+class Capture(logging.Handler):
+
+  def __init__(self):
+    super().__init__(logging.WARNING)
+    self.messages = []
+
+  def emit(self, record):
+    self.messages.append(record.getMessage())
+"""
+
+
 def plain(x: Any) -> Any:
   """Nested lists/dicts/scalars: compares element values whatever the container or array dtype.
 

@@ -841,18 +841,7 @@ for batch_size, rebatch_size, drop in %r:
 
 # ---- Beyond the test files: what users hit around batch / map / random_map / map_with_index ----
 
-CASES["filter_warns_when_most_elements_are_dropped"] = ("""
-import logging
-
-class Capture(logging.Handler):
-
-  def __init__(self):
-    super().__init__(logging.WARNING)
-    self.messages = []
-
-  def emit(self, record):
-    self.messages.append(record.getMessage())
-
+CASES["filter_warns_when_most_elements_are_dropped"] = (porting.CAPTURE_LOGS + """
 handler = Capture()
 logging.getLogger().addHandler(handler)
 try:

@@ -21,6 +21,23 @@ import pytest
 from tests import porting
 from tests.porting import plain, structure
 
+# Every record a sampler gives one shard (samplers_test.py's helper), in both sampler cases.
+ALL_METADATA = """
+def all_metadata(sampler, shard_options):
+  metadata, i = [], shard_options.shard_index
+  while True:
+    try:
+      metadata.append(sampler[i])
+    except IndexError:
+      break
+    i += shard_options.shard_count
+  return metadata
+
+
+def fields(metadata):
+  return [[m.index, m.record_key, m.rng] for m in metadata]
+"""
+
 # [the exception's nearest built-in class (what `except` clauses name), message], in both heads.
 CATCH = """
 def catch(fn):
@@ -112,16 +129,7 @@ def restore_steps(make, max_steps, steps, fresh=False):
     resumed[step] = [next(it) for _ in range(step, max_steps)]
   return reference, resumed
 
-
-class Capture(logging.Handler):
-
-  def __init__(self):
-    super().__init__(logging.WARNING)
-    self.messages = []
-
-  def emit(self, record):
-    self.messages.append(record.getMessage())
-"""
+""" + porting.CAPTURE_LOGS
 
 # name -> (snippet setting `result`, Grain's test's expectation or None).
 CASES = {
@@ -573,29 +581,20 @@ result = dict(
 """, None),
     # ---- samplers_test.py ----
     "sequential_sampler": ("""
-def all_metadata(sampler, shard_options):
-  metadata, i = [], shard_options.shard_index
-  while True:
-    try:
-      metadata.append(sampler[i])
-    except IndexError:
-      break
-    i += shard_options.shard_count
-  return [[m.index, m.record_key, m.rng] for m in metadata]
-
+""" + ALL_METADATA + """
 result = dict(
     out_of_bounds=[kind(lambda: grain.samplers.SequentialSampler(num_records=42, shard_options=grain.sharding.NoSharding())[i])
                    for i in (-1, 42)],
     invalid=[kind(lambda: grain.samplers.SequentialSampler(num_records=n, shard_options=grain.sharding.NoSharding()))
              for n in (0, -18)],
-    no_sharding=all_metadata(grain.samplers.SequentialSampler(num_records=4, shard_options=grain.sharding.NoSharding()),
-                             grain.sharding.NoSharding()),
+    no_sharding=fields(all_metadata(grain.samplers.SequentialSampler(num_records=4, shard_options=grain.sharding.NoSharding()),
+                                    grain.sharding.NoSharding())),
 )
 for count, drop, n in ((2, False, 4), (3, False, 8), (3, True, 8)):
   for index in range(count):
     options = grain.sharding.ShardOptions(shard_index=index, shard_count=count, drop_remainder=drop)
     sampler = grain.samplers.SequentialSampler(num_records=n, shard_options=options)
-    result[count, drop, index] = [all_metadata(sampler, options), len(sampler)]
+    result[count, drop, index] = [fields(all_metadata(sampler, options)), len(sampler)]
 seeded = grain.samplers.SequentialSampler(num_records=4, shard_options=grain.sharding.NoSharding(), seed=3)
 result["seeded"] = [[m.index, m.record_key, m.rng.random()] for m in (seeded[i] for i in range(4))]
 """, None),
@@ -618,16 +617,7 @@ result = dict(
 """, dict(epochs=["ValueError", "ValueError"], tuple_seed=True, big_seed="ValueError", negative="IndexError",
           too_large="IndexError")),
     "index_sampler_orders_and_rngs": ("""
-def all_metadata(sampler, shard_options):
-  metadata, i = [], shard_options.shard_index
-  while True:
-    try:
-      metadata.append(sampler[i])
-    except IndexError:
-      break
-    i += shard_options.shard_count
-  return metadata
-
+""" + ALL_METADATA + """
 def summary(metadata):
   draws = [m.rng.random() if m.rng is not None else None for m in metadata]
   return [[[m.index, m.record_key] for m in metadata], draws, len(set(draws)) == len(draws)]
