@@ -48,11 +48,17 @@ process tree, CPU utilisation (CPU seconds of the process tree / wall
 seconds / cores) over the measured window, and ratios against each peer's
 best at equal workers. Targets are evaluated as met / MISSED from the same
 run. --repeat N runs the whole plan N times and keeps each row's best rate.
+
+Start-up (issue 11's "first batch < 0.5 s with 2 workers even when the
+training script imports JAX at top level"): ours and grain-batched with 2
+workers on the nomap and map workloads, the child run as bench/load.py or as
+bench/jax_main.py (which imports JAX first); median of 3 fresh processes each.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import datetime
 import json
 import os
@@ -99,6 +105,7 @@ GRAIN_SWEEP_READ_BATCHES = {"nomap": (256, 1024, 4096), "map": (256, 1024), "llm
 WORKLOADS = ("nomap", "map", "llm")
 FAMILIES = ("loader", "grain-naive", "grain-batched", "tf.data", "raw")
 TARGETS = {
+    "startup_first_batch_max_s": 0.5,
     "nomap_vs_grain_best_min": 3.0,
     "nomap_vs_tfdata_min": 1.0,
     "nomap_vs_raw_min": 0.95,
@@ -114,6 +121,10 @@ _RESULT_TAG = "LOAD-BENCH-RESULT "
 # Best-of-passes pairs a fast moment of one row with a slow moment of the other.
 SLICE_ROUNDS = 20
 SLICE_WINDOW_S = 1.0
+# Start-up: 2 workers, the child script importing JAX at its top level
+# (bench/jax_main.py) or not; each case runs this many times, the median counts.
+STARTUP_WORKERS = 2
+STARTUP_RUNS = 3
 
 
 # --------------------------------------------------------------------------
@@ -618,7 +629,8 @@ def run_child(spec: dict) -> dict:
 
 
 def _measure(spec: dict, timeout: float) -> dict:
-  cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
+  script = os.path.join(_HERE, "jax_main.py") if spec.get("jax_main") else os.path.abspath(__file__)
+  cmd = [sys.executable, script, "--child", json.dumps(spec)]
   env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": common.REPO_ROOT}
   result, m = common.run_json_child(cmd, _RESULT_TAG, timeout=timeout, env=env)
   if result is None:
@@ -689,6 +701,41 @@ def plan(workloads: list[str], families: list[str], cores: int) -> list[dict]:
         for w in LLM_WORKERS:
           add("llm", family, w, {"seq_len": seq_len})
   return rows
+
+
+def startup_plan(workloads: list[str], families: list[str]) -> list[dict]:
+  """Start-up cases: ours and Grain's batched configuration with 2 workers, JAX imported at top or not."""
+  cases = []
+  for workload in [w for w in ("nomap", "map") if w in workloads]:
+    for family in [f for f in ("loader", "grain-batched") if f in families]:
+      for jax_main in (False, True):
+        case = {"workload": workload, "family": family, "workers": STARTUP_WORKERS, "variant": None,
+                "params": {"read_options": None} if family == "loader" else {}, "jax_main": jax_main}
+        cases.append({**case, "name": _row_name(case)})
+  return cases
+
+
+def _run_startup(cases: list[dict], args, files: dict, sweeps: dict) -> list[dict]:
+  """Each case's time to the 1st and 20th batch, median of STARTUP_RUNS fresh processes."""
+  out = []
+  for case in cases:
+    params = dict(case["params"])
+    if case["family"] == "grain-batched":
+      params.update(sweeps.get(case["workload"], {}).get("chosen", {}))
+    spec = {**case, "params": params, "kind": "row", "seconds": 0.01, "warmup": 0.0, "files": files}
+    runs = [_measure(spec, args.timeout) for _ in range(STARTUP_RUNS)]
+    failed = [r for r in runs if r["status"] != "ok"]
+    res = {**case, "params": params, "status": failed[0]["status"] if failed else "ok"}
+    if not failed:
+      res.update(first_batch_s=round(float(np.median([r["first_batch_s"] for r in runs])), 3),
+                 batch20_s=round(float(np.median([r["batch20_s"] for r in runs])), 3),
+                 first_batch_runs=[r["first_batch_s"] for r in runs])
+    shown = (f"1st batch {res['first_batch_s']} s, 20th {res['batch20_s']} s" if not failed
+             else res["status"])
+    print(f"[start-up] {case['workload']:<5} {case['name']:<24} JAX at top: {case['jax_main']!s:<5} {shown}",
+          flush=True)
+    out.append(res)
+  return out
 
 
 def _best_grain(rows: list[dict], workload: str, w: int, key: str = "rate", seq_len=None) -> dict | None:
@@ -771,7 +818,7 @@ def _paired_value(pair: dict | None, fallback: float | None) -> float | None:
 
 
 def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None,
-            paired: dict | None = None) -> list[dict]:
+            paired: dict | None = None, startup: list[dict] | None = None) -> list[dict]:
   """Fills each row's ratios and returns the target lines (met / MISSED / n/a).
 
   `paired` holds the time-sliced ratios (see SLICE_ROUNDS) of the raw-limit
@@ -893,7 +940,34 @@ def compare(rows: list[dict], cores: int, pack: dict, map_cost: dict | None,
            "worst row; pack_share per row in the table")
     t20_target("LLM: time to 20th batch <= Grain's best at equal workers", "llm",
                [(f"L={L} {w} workers", w, L) for L in LLM_SEQ_LENS for w in LLM_WORKERS])
+  startup_target(startup or [], target)
   return targets
+
+
+def startup_target(cases: list[dict], target: Callable[..., None]) -> None:
+  """First batch with 2 workers when the script imports JAX at top level: ours, worst workload."""
+  def find(workload, family, jax_main):
+    return next((c for c in cases if c["workload"] == workload and c["family"] == family
+                 and c["jax_main"] == jax_main), None)
+
+  parts, worst, complete = [], None, True
+  for workload in [w for w in ("nomap", "map") if find(w, "loader", True)]:
+    ours, plain, grain = find(workload, "loader", True), find(workload, "loader", False), find(
+        workload, "grain-batched", True)
+    if not _ok(ours):
+      complete = False
+      parts.append(f"{workload}: {ours['status']}")
+      continue
+    worst = ours["first_batch_s"] if worst is None else max(worst, ours["first_batch_s"])
+    parts.append(f"{'no map' if workload == 'nomap' else 'heavy map'}: {ours['first_batch_s']:.2f} s"
+                 + (f" (without the JAX import: {plain['first_batch_s']:.2f} s)" if _ok(plain) else "")
+                 + (f", Grain (batched) {grain['first_batch_s']:.2f} s" if _ok(grain) else ""))
+  if parts:
+    limit = TARGETS["startup_first_batch_max_s"]
+    value = worst if complete else None
+    target(f"start-up: first batch < {limit:g} s with {STARTUP_WORKERS} workers, the script importing JAX at "
+           f"top level (value: worst ours, s; median of {STARTUP_RUNS} runs)", value,
+           value is not None and value < limit, "; ".join(parts))
 
 
 def _fmt_x(v) -> str:
@@ -1015,6 +1089,20 @@ def render_markdown(result: dict) -> str:
       out += [f"grain-batched sweep (in process, {result['settings']['sweep_seconds']:g} s each): {shown}; "
               f"chosen B={sweep.get('chosen', {}).get('read_batch')}, "
               f"T={sweep.get('chosen', {}).get('read_threads')}.", ""]
+  if result.get("startup"):
+    out += [f"### Start-up: {STARTUP_WORKERS} workers, the script importing JAX at top level or not", "",
+            "Spawned workers run the script's top level before their first element (as Grain's do: setup "
+            "such as `jax.config.update` holds in them too), so a top-level `import jax` is paid again in "
+            "every worker. The child script is bench/load.py, or bench/jax_main.py (`import jax`, then the "
+            f"same code); each case runs {STARTUP_RUNS} times in fresh processes, the median is shown. "
+            "Configurations: the `mp x2` rows above.", "",
+            _table(result["startup"], [
+                ("workload", lambda r: r["workload"]), ("system", lambda r: r["name"]),
+                ("JAX imported at top", lambda r: "yes" if r["jax_main"] else "no"),
+                ("1st batch s", lambda r: _cell(r.get("first_batch_s"), ".2f")),
+                ("20th batch s", lambda r: _cell(r.get("batch20_s"), ".2f")),
+                ("1st batch s per run", lambda r: ", ".join(f"{v:.2f}" for v in r.get("first_batch_runs", []))),
+                ("status", _status)]), ""]
   if result.get("pack_costs"):
     out += ["Packing cost, measured apart (FirstFitPackIterDataset + batch over in-memory tokenized "
             "documents, in process, minus the same stream without packing): "
@@ -1058,6 +1146,9 @@ NOTES = [
     "tf.data reads TFRecord (its native format) with a 10,000-record shuffle buffer: a local shuffle, "
     "not a global one; its map runs the same numpy augment through tf.numpy_function after a vectorised "
     "tf.io.parse_example.",
+    "loader's and bench's modules are byte-compiled before the rows run, as `pip install` leaves every "
+    "installed package (Grain's and TensorFlow's included); import and start-up times therefore do not "
+    "include compiling them.",
     "LLM pack share = packing µs/token (measured apart) x the row's tokens/s, divided by the number of "
     "processes that pack (ours: the consuming process; Grain: each worker).",
 ]
@@ -1196,6 +1287,11 @@ def main(argv=None) -> int:
     text = llm.ensure_text_data(args.files, records, args.record_bytes)
     files["text"] = text["files"]
   common.warm_page_cache(data.files + ar_files + files.get("text", []))
+  # Byte-compiled as `pip install` leaves every package (Grain's and TF's wheels
+  # are): where PYTHONDONTWRITEBYTECODE is set, each child and worker process
+  # would otherwise compile loader's modules again (~0.1 s of start-up).
+  for package in ("loader", "bench"):
+    compileall.compile_dir(os.path.join(common.REPO_ROOT, package), quiet=1)
 
   map_cost, sweeps, pack = None, {}, {}
   if "map" in workloads:
@@ -1239,7 +1335,8 @@ def main(argv=None) -> int:
         best[i] = {**s, **res}
   rows = [best[i] for i in range(len(specs))]
   paired = _run_sliced(rows, specs, args, files, *((4, 0.25) if quick else (SLICE_ROUNDS, SLICE_WINDOW_S)))
-  targets = compare(rows, cores, pack, map_cost, paired)
+  startup = _run_startup(startup_plan(workloads, families), args, files, sweeps)
+  targets = compare(rows, cores, pack, map_cost, paired, startup)
 
   print()
   for t in targets:
@@ -1268,6 +1365,7 @@ def main(argv=None) -> int:
         "map_cost": map_cost,
         "sweeps": sweeps,
         "pack_costs": {f"{f} L={L}": v for (f, L), v in pack.items()},
+        "startup": [{k: v for k, v in c.items() if k != "files"} for c in startup],
         # For run_all's chart: the no-map rows (records/s on one scale).
         "rows": [{"system": r["name"], "records_per_s": r.get("rate")} for r in rows if r["workload"] == "nomap"],
         "all_rows": [{k: v for k, v in r.items() if k not in ("files", "kind")} for r in rows],

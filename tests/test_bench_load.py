@@ -66,6 +66,32 @@ def test_heavy_map_scaling_efficiency_uses_one_core_in_process_rate():
   assert eff["value"] == 0.85 and eff["status"] == "MISSED"
 
 
+def _startup(workload, family, jax_main, first, status="ok"):
+  case = {"workload": workload, "family": family, "workers": 2, "jax_main": jax_main, "status": status,
+          "name": f"{family} mp x2"}
+  return {**case, "first_batch_s": first, "batch20_s": first + 0.5} if status == "ok" else case
+
+
+def test_startup_target_is_ours_slowest_first_batch_with_jax_imported_at_top():
+  cases = [_startup("nomap", "loader", False, 0.07), _startup("nomap", "loader", True, 0.05),
+           _startup("nomap", "grain-batched", True, 0.9), _startup("map", "loader", False, 0.37),
+           _startup("map", "loader", True, 0.66), _startup("map", "grain-batched", True, 1.2)]
+  t = next(t for t in load.compare([], cores=2, pack={}, map_cost=None, startup=cases)
+           if t["target"].startswith("start-up"))
+  assert (t["value"], t["status"]) == (0.66, "MISSED")
+  assert "heavy map: 0.66 s (without the JAX import: 0.37 s), Grain (batched) 1.20 s" in t["detail"]
+  cases[4] = _startup("map", "loader", True, None, status="failed (exit 1)")
+  t = next(t for t in load.compare([], cores=2, pack={}, map_cost=None, startup=cases)
+           if t["target"].startswith("start-up"))
+  assert (t["value"], t["status"]) == (None, "n/a")
+  text = load.render_markdown({"cpu_count": 2, "data": {"shards": 1, "records_per_shard": 1, "record_bytes": 1,
+                                                        "payload_mb": 1.0},
+                               "machine": {}, "settings": {"seconds": 1, "warmup": 0, "repeat": 1},
+                               "command": "x", "created": "now", "versions": {}, "targets": [],
+                               "all_rows": [], "notes": [], "startup": cases[:4]})
+  assert "| nomap | loader mp x2 | yes | 0.05 | 0.55 |" in text
+
+
 def _sliced(a, b, rates, value, round_ratios, scale=1.0, ceiling=None):
   return {"a": a, "b": b, "scale": scale, "rounds": len(round_ratios), "window_s": 0.5, "rates": rates,
           "value": value, "round_ratios": round_ratios, **({"ceiling": ceiling} if ceiling else {})}
@@ -213,3 +239,12 @@ def test_child_process_measures_a_row_with_rss_and_cpu(tmp_path):
   timeslice.interleave([one, two], rounds=3, window=0.2, start_timeout=60)
   assert one.rate() > 0 and two.rate() > 0 and len(two.units) == 3
   assert all(p.returncode == 0 for p in one.procs + two.procs)
+
+
+def test_startup_case_runs_its_child_as_a_script_that_imports_jax_at_top_level(tmp_path):
+  files = _text_files(tmp_path)
+  case = next(c for c in load.startup_plan(["nomap"], ["loader"]) if c["jax_main"])
+  spec = {**case, "kind": "row", "seconds": 0.01, "warmup": 0.0, "files": {"ar": files}}
+  res = load._measure(spec, timeout=120)  # pylint: disable=protected-access
+  assert res["status"] == "ok", res
+  assert res["first_batch_s"] > 0 and res["batch20_s"] >= res["first_batch_s"] and res["processes"] >= 3
