@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import glob
 import os
@@ -153,10 +154,15 @@ def _complete_local_array_record(path: str) -> bool:
 
 def _starts_as_array_record(path: str) -> bool:
   try:
-    with open(path, "rb") as f:
-      return f.read(len(ondisk.RIEGELI_SIGNATURE)) == ondisk.RIEGELI_SIGNATURE
+    return _writer.read_head(path, len(ondisk.RIEGELI_SIGNATURE)) == ondisk.RIEGELI_SIGNATURE
   except OSError:
     return False
+
+
+def _not_array_record(paths: list[str]) -> list[str]:
+  """Those of `paths` that do not start as ArrayRecord files (gs:// objects are read side by side)."""
+  with concurrent.futures.ThreadPoolExecutor(min(16, max(1, len(paths)))) as pool:
+    return [p for p, ok in zip(paths, pool.map(_starts_as_array_record, paths)) if not ok]
 
 
 def _check_output_slot(path: str) -> None:
@@ -354,7 +360,12 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
     redo = {o for o in existing if o in stale and _still_stale(o, stale[o])}
     complete = {o for o in existing if o not in redo and
                 (not _writer.is_local(o) or _complete_local_array_record(o))}
-    foreign = [o for o in existing if o not in complete and o not in redo and not _starts_as_array_record(o)]
+    # A local file's footer was read above; a gs:// object (published only
+    # whole) is read up to its signature, so a foreign one is refused before
+    # anything is converted rather than when its digest is taken.
+    foreign = _not_array_record([o for o in existing if o not in redo
+                                 and (o not in complete or not _writer.is_local(o))])
+    complete -= set(foreign)
     if foreign:
       raise OutputExistsError(foreign, "are not ArrayRecord files, so --skip-existing can neither keep "
                                        "nor replace them")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import filecmp
+import functools
 import os
 import re
 import shutil
@@ -30,7 +31,7 @@ _NAMED_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EAC
                  errno.EPERM, errno.EIO, errno.ENOENT)
 
 __all__ = ["REPLACE_ANY", "ArrayRecordShardWriter", "exists", "file_size", "is_local",
-           "local_temp_path", "output_identity", "publish", "read_bytes", "write_bytes_atomic"]
+           "local_temp_path", "output_identity", "publish", "read_bytes", "read_head", "write_bytes_atomic"]
 
 
 def os_reason(error: BaseException) -> str:
@@ -200,6 +201,22 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
         os.remove(tmp)
   except OSError as e:
     raise OutputWriteError(path, os_reason(e)) from e
+
+
+def read_head(path: str, n: int) -> bytes:
+  """The first `n` bytes of a file or object (fewer if it is shorter): one small ranged read on gs://."""
+  if is_local(path):
+    with open(path, "rb") as f:
+      return f.read(n)
+  # FileSystems.open would fetch a 16 MB buffer for these few bytes.
+  with _gcsio().open(path, read_buffer_size=max(1, n)) as f:
+    return f.read(n)
+
+
+@functools.lru_cache(maxsize=1)
+def _gcsio() -> Any:
+  from apache_beam.io.gcp import gcsio
+  return gcsio.GcsIO()
 
 
 def read_bytes(path: str) -> bytes:

@@ -147,6 +147,38 @@ def test_existing_outputs_error_skip_overwrite_on_gcs(gcs):
   _check_outputs(gcs, out)
 
 
+def test_skip_existing_refuses_a_foreign_object_up_front_and_names_a_damaged_one(gcs):
+  from converter import OutputExistsError
+  from pipelines import cli
+  out = f"{B}/out/foreign"
+  _convert(out)
+  bucket = emu.client().bucket(emu.BUCKET)
+  first = f"{out}/{_out_name(next(iter(SHARDS)))}"
+  kept = bucket.blob(first[len(B) + 1:]).download_as_bytes()
+  local = os.path.join(gcs["folder"], "foreign")
+  with open(local, "wb") as f:
+    f.write(b"the user's own notes, not an ArrayRecord file\n" * 50)
+  emu.upload(local, first)
+  before = emu.list_objects(out + "/")
+  with pytest.raises(OutputExistsError, match=f"are not ArrayRecord files.*{first}"):
+    _convert(out, "--skip-existing")  # Read up to its signature while planning, before any work.
+  assert emu.list_objects(out + "/") == before
+
+  # An ArrayRecord object cut short (its signature is there; its size no longer
+  # the manifest's) is named when its digest is taken.
+  with open(local, "wb") as f:
+    f.write(kept[:1000])
+  emu.upload(local, first)
+  with pytest.raises(Exception) as info:
+    _convert(out, "--skip-existing")
+  line = cli.user_error_from(info.value)
+  assert line is not None and "\n" not in line, info.value
+  assert line.startswith(f"{first} was to be kept (--skip-existing) but cannot be read as an ArrayRecord file")
+  assert "Rerun with --overwrite" in line
+  _convert(out, "--overwrite")
+  _check_outputs(gcs, out)
+
+
 def test_corrupt_record_fails_and_leaves_no_partial_object(gcs, tf_write):
   from pipelines import cli
   data = bytearray(open(tf_write(os.path.join(gcs["folder"], "bad", "bad.tfrecord-00000-of-00001"),
