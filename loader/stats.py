@@ -6,13 +6,17 @@ Grain's datasets and iterators carry a `_stats` object that custom
 `return self._stats.record_output_spec(x)`). Loader measures its pipelines in
 bench/, not per element, so `_stats` here accepts those calls and does
 nothing: ported subclasses run unchanged and pay no cost.
+
+Grain's execution summaries (`dataset.get_execution_summary`,
+`stats.pretty_format_summary`, its debug helpers) exist so that client code
+importing them still imports; calling them raises `ExecutionSummaryError`.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -45,3 +49,29 @@ class Stats:
 
 
 NO_STATS = Stats()
+
+
+class ExecutionSummaryError(NotImplementedError, ValueError):
+  """There is no execution summary: loader collects no per-stage statistics.
+
+  Also a ValueError, which Grain raises when statistics collection is off, so
+  client code that catches it to skip its debug output runs unchanged.
+  """
+
+
+def _no_summary(what: str) -> NoReturn:
+  raise ExecutionSummaryError(
+      f"{what}: loader collects no per-stage execution statistics (its random-access stages run "
+      "fused, in chunks on threads), whatever execution_tracking_mode or py_debug_mode say. Time "
+      "the pipeline around next() instead.")
+
+
+def get_execution_summary(ds: Any) -> NoReturn:
+  """Grain's per-stage summary of an iterator; raises `ExecutionSummaryError` (see above)."""
+  _no_summary(f"No execution summary for {type(ds).__name__}")
+
+
+def pretty_format_summary(summary: Any) -> NoReturn:
+  """Grain's table of an execution summary; raises `ExecutionSummaryError` (see above)."""
+  del summary
+  _no_summary("No execution summary to format")

@@ -4,5 +4,6 @@ from loader.apply import apply_transformations
 from loader.dataset_iterator import DatasetIterator
 from loader.iter_dataset import IterDataset
 from loader.map_dataset import MapDataset
+from loader.stats import get_execution_summary
 
-__all__ = ["DatasetIterator", "IterDataset", "MapDataset", "apply_transformations"]
+__all__ = ["DatasetIterator", "IterDataset", "MapDataset", "apply_transformations", "get_execution_summary"]
