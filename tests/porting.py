@@ -96,6 +96,41 @@ def run_script(source: str, lib: str, directory: str | os.PathLike, *args: str, 
 
 
 # Snippet source: a logging handler that keeps the warnings' messages (`Capture().messages`).
+# The classes of Grain 0.2.18's docs/data_loader/transformations.md, as the
+# page writes them (two test files port that page's cells around them).
+TRANSFORMATIONS_PAGE_CLASSES = """
+class PlusOne(grain.transforms.Map):
+
+  def map(self, x: int) -> int:
+    return x + 1
+
+
+class PlusOneWithIndexKey(grain.transforms.MapWithIndex):
+
+  def map_with_index(self, i: int, x: int) -> tuple[int, int]:
+    return (x + 1, i)
+
+
+class PlusRandom(grain.transforms.RandomMap):
+
+  def random_map(self, x: int, rng: np.random.Generator) -> int:
+    return x + rng.integers(100_000)
+
+
+class FlatMapTransformExample(grain.experimental.FlatMapTransform):
+  max_fan_out: int
+
+  def flat_map(self, element: int):
+    for _ in range(self.max_fan_out):
+      yield element
+
+
+class RemoveEvenElements(grain.transforms.Filter):
+
+  def filter(self, element: int) -> bool:
+    return element % 2
+"""
+
 CAPTURE_LOGS = """
 import logging
 

@@ -346,6 +346,21 @@ def test_kauldron_random_transforms_draw_grains_values():
 
 # ---- kauldron/data/py/base.py, data_sources.py and their tests ----------------
 
+# kauldron/data/iterators/pygrain_handler_test.py's RangeDataSource: a frozen
+# dataclass RandomAccessDataSource (two cases below use it).
+KAULDRON_RANGE_SOURCE = """
+@dataclasses.dataclass(frozen=True)
+class RangeDataSource(grain.RandomAccessDataSource):
+  num_elems: int
+
+  def __getitem__(self, record_key: SupportsIndex) -> Any:
+    return int(record_key)
+
+  def __len__(self) -> int:
+    return 100
+"""
+
+
 KAULDRON_PIPELINE = """
 import dataclasses
 import enum
@@ -466,16 +481,7 @@ range_take = DataSource(data_source=grain.RangeDataSource(0, 10, 1), shuffle=Fal
 
 
 # pygrain_handler_test.RangeDataSource: a frozen dataclass RandomAccessDataSource.
-@dataclasses.dataclass(frozen=True)
-class RangeDataSource(grain.RandomAccessDataSource):
-  num_elems: int
-
-  def __getitem__(self, record_key: SupportsIndex) -> Any:
-    return int(record_key)
-
-  def __len__(self) -> int:
-    return 100
-
+""" + KAULDRON_RANGE_SOURCE + """
 
 @dataclasses.dataclass(frozen=True)
 class JsonDataSource(grain.RandomAccessDataSource):  # kauldron/data/py/data_sources.py
@@ -701,16 +707,7 @@ class PyGrainCheckpointRestore(grain.PyGrainCheckpointRestore):
   pass
 
 
-@dataclasses.dataclass(frozen=True)
-class RangeDataSource(grain.RandomAccessDataSource):
-  num_elems: int
-
-  def __getitem__(self, record_key: SupportsIndex) -> Any:
-    return int(record_key)
-
-  def __len__(self) -> int:
-    return 100
-
+""" + KAULDRON_RANGE_SOURCE + """
 
 def make_iter():
   ds = grain.MapDataset.source(RangeDataSource(num_elems=100)).seed(12).repeat(None)
