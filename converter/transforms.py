@@ -64,14 +64,19 @@ class _PlanFn(beam.DoFn):
 def _needs_marker(plans: list[ShardPlan], output_dir: str) -> bool:
   """Whether a run must mark manifest.json as in progress before it converts.
 
-  Always when it converts into a local directory (the loader reads those).
+  Always when it converts into a local directory (the loader reads those),
+  and when it converts nothing but finds a stopped run's marker.
   Into gs:// and other remote prefixes, which the loader does not read, only
   when there is something a stopped run could leave mixed with new shards
   (outputs it keeps or replaces, or a manifest), not for a fresh prefix.
   """
   todo = [p for p in plans if p.action == "convert"]
   if not todo:
-    return False
+    # Every shard is kept, but a stopped run's marker is still there (it died
+    # after its last shard, before its manifest): this run, which planning let
+    # resume it, takes the marker over, so its final manifest may replace it.
+    found = _manifest.find_manifest(output_dir)
+    return found is not None and found.kind == "incomplete"
   if _writer.is_local(output_dir):
     return True
   return (len(todo) < len(plans) or any(p.replaces is not None for p in todo)

@@ -296,6 +296,29 @@ def test_a_run_that_fails_before_changing_a_shard_puts_the_manifest_back(tmp_pat
   assert not (out / ondisk.LOCK_NAME).exists()
 
 
+def test_a_run_stopped_after_its_last_shard_before_its_manifest_resumes(tmp_path, dataset):
+  # Every shard published, the final manifest not (a full disk at that write,
+  # or a kill just before it): the marker of the dead run is all that is left.
+  from converter import ConvertOptions
+  from converter.manifest import write_incomplete_manifest
+  from converter.planning import marker_entries, plan_shards
+  from pipelines import verify
+  inp, _ = dataset
+  out = tmp_path / "out"
+  # The dead run's marker, as it wrote it before its first shard (into an empty folder).
+  plans = plan_shards(sorted(str(p) for p in inp.iterdir()), ConvertOptions(output_dir=str(out)))
+  assert convert.main(convert_args(inp, out)) == 0
+  shards = {s["output"]: s for s in json.loads((out / "manifest.json").read_text())["shards"]}
+  write_incomplete_manifest(str(out), marker_entries(plans), writer_options="group_size:1", existing="error",
+                            run_id="died-after-its-last-shard")
+  assert verify.main(["--input", str(inp / "*"), "--output", str(out)]) == 1  # Says: resume it.
+  assert convert.main([*convert_args(inp, out), "--skip-existing"]) == 0
+  manifest = json.loads((out / "manifest.json").read_text())
+  assert {s["status"] for s in manifest["shards"]} == {"existing"} and len(manifest["shards"]) == len(shards)
+  assert verify.main(["--input", str(inp / "*"), "--output", str(out)]) == 0
+  assert ft.temps(str(out)) == [] and not (out / ondisk.LOCK_NAME).exists()
+
+
 def _session_and_workers(proc) -> list[int]:
   return [proc.pid] + ft.children(proc.pid)
 
