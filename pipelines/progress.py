@@ -51,18 +51,22 @@ def _split(path: str) -> tuple[str, str]:
 def _listing(folder: str) -> dict[str, tuple[int, float]]:
   """{basename: (size, modification time)} of the files directly in a folder."""
   if _writer.is_local(folder):
+    # Progress is only shown: other files in the folder (a link loop, a link
+    # into a folder this user may not read) or a folder that can be entered
+    # but not listed must not stop the run. Missing entries fall back to one
+    # stat each (see _listed's callers).
+    out = {}
     try:
       with os.scandir(folder) as entries:
-        out = {}
         for e in entries:
           try:
             st = e.stat()
-          except FileNotFoundError:  # Renamed away between listing and stat.
+          except OSError:  # Renamed away meanwhile, a broken or looping link, no permission.
             continue
           out[e.name] = (st.st_size, st.st_mtime_ns)
-        return out
-    except FileNotFoundError:
-      return {}
+    except OSError:
+      pass
+    return out
   from apache_beam.io.filesystems import FileSystems  # Only for gs:// and other URIs.
   prefix = folder.rstrip("/") + "/"
   try:
@@ -86,8 +90,15 @@ def _listed(paths: Iterable[str]) -> dict[str, tuple[int, float] | None]:
 
 
 def input_sizes(paths: Iterable[str]) -> dict[str, int]:
-  """Byte size of each file, with one listing per folder (not one request per file)."""
-  return {p: entry[0] if entry else _writer.file_size(p) for p, entry in _listed(paths).items()}
+  """Byte size of each file, with one listing per folder (not one request per file); 0 where unknown."""
+  def size(p: str, entry: tuple[int, float] | None) -> int:
+    if entry:
+      return entry[0]
+    try:
+      return _writer.file_size(p)
+    except OSError:  # Its conversion names the problem; progress only shows sizes.
+      return 0
+  return {p: size(p, entry) for p, entry in _listed(paths).items()}
 
 
 def missing_files(paths: Iterable[str]) -> list[str]:

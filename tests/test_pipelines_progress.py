@@ -98,6 +98,22 @@ def test_quiet_prints_no_progress(tfr, tmp_path, capsys, monkeypatch):
   assert out.startswith("Converted 4 file(s)")
 
 
+def test_other_entries_of_the_input_folder_never_stop_a_run(tfr, tmp_path, capsys):
+  # Progress lists the input folder for sizes: a link loop beside the inputs
+  # (not matched by the glob) is not the run's business.
+  folder = tmp_path / "in"
+  folder.mkdir()
+  for name in os.listdir(tfr):
+    os.symlink(os.path.join(tfr, name), folder / name)
+  os.symlink("loopA", folder / "loopB")
+  os.symlink("loopB", folder / "loopA")
+  listed = progress._listing(str(folder))  # pylint: disable=protected-access
+  assert "loopA" not in listed and len(listed) == SHARDS
+  assert convert.main(["--input", f"{folder}/*tfrecord*", "--output", str(tmp_path / "o"), "--quiet"]) == 0
+  assert capsys.readouterr().out.startswith(f"Converted {SHARDS} file(s)")
+  assert progress.input_sizes([str(folder / "loopA")]) == {str(folder / "loopA"): 0}  # Unknown: shown as 0.
+
+
 def _run_on_a_terminal(argv: list[str]) -> str:
   """Runs `python -m pipelines.convert ARGV` with stdout on a pseudo-terminal."""
   leader, follower = pty.openpty()
