@@ -40,7 +40,7 @@ def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
     metadata = FileSystems.match([query])[0].metadata_list
   except Exception as e:  # Beam raises BeamIOError for a missing directory.
     if "No files found" in str(e) or "not found" in str(e).lower():
-      raise NoInputFilesError(pattern, _bracket_hint(pattern)) from None
+      raise NoInputFilesError(pattern, _no_files_hint(pattern, query)) from None
     raise
   wanted = _GlobFilter(query, skip_under)
   paths = sorted(m.path for m in metadata
@@ -55,7 +55,7 @@ def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
     for p in paths:
       check_regular_file(p)  # A directory or FIFO given by name, or a FIFO matched.
   if not paths:
-    raise NoInputFilesError(pattern, _bracket_hint(pattern))
+    raise NoInputFilesError(pattern, _no_files_hint(pattern, query))
   return paths
 
 
@@ -97,6 +97,21 @@ class _GlobFilter:
       dots_asked = any(w.startswith(".") for w in wild)
       return dots_asked or not any(g.startswith(".") for g in got)
     return all(w.startswith(".") or not g.startswith(".") for g, w in zip(got, wild))
+
+
+def _no_files_hint(pattern: str, query: str) -> str | None:
+  """Why a pattern may match nothing: a folder this user cannot list, or '[' meant literally."""
+  if split_uri(query)[0] == "" and glob.has_magic(query):
+    parts = query.split("/")
+    folder = "/".join(parts[:next(i for i, part in enumerate(parts) if glob.has_magic(part))]) or "/"
+    try:
+      os.listdir(folder)
+    except PermissionError as e:
+      return (f"its folder {folder} cannot be listed ({os.strerror(e.errno)}): give this user read "
+              "permission on it, or name the files without wildcards")
+    except OSError:
+      pass
+  return _bracket_hint(pattern)
 
 
 def _bracket_hint(pattern: str) -> str | None:

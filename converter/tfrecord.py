@@ -456,7 +456,14 @@ def _extend(data: bytes, chunks: Iterator[bytes], size: int) -> tuple[bytes, boo
 
 
 def check_regular_file(path: str) -> None:
-  """Raises InputError unless a local path is a regular file (or a link to one)."""
+  """Raises InputError unless a local path is a regular file (or a link to one) with a UTF-8 name."""
+  try:
+    path.encode("utf-8")
+  except UnicodeEncodeError:
+    # Linux allows any bytes in a name; Beam passes names as UTF-8 text.
+    shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    raise InputError(shown, "has a name that is not valid UTF-8 text, which Beam cannot pass on",
+                     "rename it to UTF-8 (e.g. convmv -f latin1 -t utf8 --notest FILE)") from None
   try:
     mode = os.stat(path).st_mode
   except FileNotFoundError:

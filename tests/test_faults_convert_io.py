@@ -164,6 +164,38 @@ def test_literal_brackets_get_an_escaping_hint(tmp_path, small, capsys, ar_read)
   assert ar_read(str(out / "run[1].array_record")) == recs[name]
 
 
+def test_a_name_that_is_not_utf8_is_named_before_any_work(tmp_path, small, capsys, ar_read):
+  # Linux allows any bytes in a file name; Beam passes names on as UTF-8 text.
+  inp, recs = small
+  odd = tmp_path / "odd"
+  name = sorted(recs)[0]
+  ft.write_tfrecords(os.fsdecode(os.path.join(os.fsencode(odd), b"caf\xe9.tfrecord")), recs[name])
+  out = tmp_path / "out"
+  for given in (str(odd / "caf*"), str(odd / "caf\udce9.tfrecord")):
+    assert convert.main(["--input", given, "--output", str(out)]) == 2
+    assert error_line(capsys) == (
+        f"arrayrecord-convert: error: Input {odd}/caf\\xe9.tfrecord has a name that is not valid UTF-8 text, "
+        "which Beam cannot pass on; rename it to UTF-8 (e.g. convmv -f latin1 -t utf8 --notest FILE).")
+  assert not out.exists()
+
+
+def test_a_folder_that_cannot_be_listed_is_named_when_nothing_matches(tmp_path, small, capsys, monkeypatch):
+  from converter import planning
+  inp, _ = small
+  real_listdir = os.listdir
+
+  def listdir(path="."):  # This test runs as root, whom no mode stops: a folder mode 0311 for another user.
+    if os.fspath(path) == str(inp):
+      raise PermissionError(13, os.strerror(13), os.fspath(path))
+    return real_listdir(path)
+  monkeypatch.setattr(planning.os, "listdir", listdir)
+  hint = planning._no_files_hint(str(inp / "*.nothing"), str(inp / "*.nothing"))  # pylint: disable=protected-access
+  assert hint == (f"its folder {inp} cannot be listed (Permission denied): give this user read permission "
+                  "on it, or name the files without wildcards")
+  assert convert.main(["--input", str(inp / "*.nothing"), "--output", str(tmp_path / "out")]) == 2
+  assert error_line(capsys).endswith(f"No files match the input pattern {str(inp / '*.nothing')!r}. {hint}.")
+
+
 def test_wrong_compression_suggests_auto(tmp_path, small, capsys):
   inp, _ = small
   out = tmp_path / "out"
