@@ -104,17 +104,24 @@ def _save_error(e: OSError, path: str) -> OSError:
 def load_state(path: str | os.PathLike) -> Any:
   """Reads a state written by `save_state` (bytes for a DataLoaderIterator's)."""
   path = os.fspath(path)
-  with open(path, "rb") as f:
-    raw = f.read()
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except FileNotFoundError as e:
+    raise FileNotFoundError(e.errno, f"No iterator state at {path}: check the path, or start from the "
+                                     "beginning (a fresh iterator)") from None
+  other = "restore from another checkpoint"
+  if not raw.strip():
+    raise ValueError(f"{path} is not a loader state file (it is empty: a save cut short?); {other}.")
   try:
     data = json.loads(raw.decode("utf-8"))
   except UnicodeDecodeError as e:
     raise ValueError(f"{path} is not a loader state file (not UTF-8 text: byte {e.start} is "
-                     f"{raw[e.start:e.start + 1]!r}); restore from another checkpoint.") from e
+                     f"{raw[e.start:e.start + 1]!r}); {other}.") from e
   except json.JSONDecodeError as e:
-    raise ValueError(f"{path} is not a loader state file (invalid JSON: {e}).") from e
+    raise ValueError(f"{path} is not a loader state file (invalid JSON: {e}; cut short?); {other}.") from e
   if not isinstance(data, dict) or data.get("format") != _FORMAT or "state" not in data:
-    raise ValueError(f"{path} is not a loader state file (expected format {_FORMAT!r}).")
+    raise ValueError(f"{path} is not a loader state file (expected format {_FORMAT!r}); {other}.")
   if data.get("version") != _VERSION:
     raise ValueError(f"{path} has state version {data.get('version')!r}; this loader reads version {_VERSION}.")
   if data.get("encoding") == "json-bytes":

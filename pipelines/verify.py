@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
+import signal
 import sys
+import threading
 from typing import Any, Sequence
 
 if __name__ == "__main__":  # `python -m`: a missing extra in one line, as the console script says it.
@@ -154,6 +157,32 @@ def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
     return list(pool.map(check, zip(inputs, outputs)))
 
 
+class _Stopped(Exception):
+  """SIGTERM (`kill`, `timeout`) or SIGHUP (a closed terminal) while checking."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.name, self.code = signal.Signals(signum).name, 128 + signum
+
+
+@contextlib.contextmanager
+def _stopped_by_signals():
+  """SIGTERM and SIGHUP end the check with one line (Ctrl-C's KeyboardInterrupt does already)."""
+  old = {}
+  if threading.current_thread() is threading.main_thread():
+    def on_signal(signum, frame):
+      del frame
+      raise _Stopped(signum)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+      if signal.getsignal(signum) is signal.SIG_DFL:
+        old[signum] = signal.signal(signum, on_signal)
+  try:
+    yield
+  finally:
+    for signum, handler in old.items():
+      signal.signal(signum, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
   p.add_argument("--input", action="extend", nargs="+", required=True, metavar="PATTERN")
@@ -169,13 +198,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return cli.fail(PROG, f"--output {args.output} {what}: give the directory the conversion wrote "
                           "(arrayrecord-convert --output).")
   try:
-    checks = verify(args.input, args.output, args.compression, args.on_corrupt)
-    manifest_problems = check_manifest(read_manifest(args.output) or {}, args.output)
+    with _stopped_by_signals():
+      checks = verify(args.input, args.output, args.compression, args.on_corrupt)
+      manifest_problems = check_manifest(read_manifest(args.output) or {}, args.output)
   except ManifestError as e:
     return cli.fail(PROG, str(e), code=1)  # The dataset is broken, not the command line.
   except KeyboardInterrupt:
-    print(f"{PROG}: interrupted; nothing was changed, rerun to check again", file=sys.stderr)
+    cli.say(f"{PROG}: interrupted; nothing was changed, rerun to check again")
     return 130
+  except _Stopped as e:
+    cli.say(f"{PROG}: stopped by {e.name}; nothing was changed, rerun to check again")
+    return e.code
   except (ConversionError, ValueError) as e:
     return cli.fail(PROG, str(e))
   bad = [c for c in checks if not c.ok]

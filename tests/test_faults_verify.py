@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import time
 
 import pytest
 
@@ -125,3 +128,20 @@ def test_verifying_an_on_corrupt_skip_conversion_says_to_verify_with_skip(tmp_pa
   assert ("the manifest records 1 corrupt record(s) skipped when it was converted: rerun "
           "arrayrecord-verify with --on-corrupt skip") in stdout
   assert verify.main(["--input", str(bad), "--output", str(out), "--on-corrupt", "skip"]) == 0
+
+
+@pytest.mark.parametrize("sig, code, how", [(signal.SIGINT, 130, "interrupted"),
+                                            (signal.SIGTERM, 143, "stopped by SIGTERM"),
+                                            (signal.SIGHUP, 129, "stopped by SIGHUP")])
+def test_a_signal_while_checking_gives_one_line(converted, capsys, monkeypatch, sig, code, how):
+  inp, out = converted
+  checked = verify.check_manifest
+
+  def signalled(*args, **kwargs):  # The signal arrives while shards are being checked.
+    os.kill(os.getpid(), sig)
+    time.sleep(5)
+    return checked(*args, **kwargs)
+  monkeypatch.setattr(verify, "check_manifest", signalled)
+  assert run_verify(inp, out) == code
+  assert ft.one_line(capsys.readouterr().err) == f"arrayrecord-verify: {how}; nothing was changed, rerun to check again"
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # Handlers are put back.

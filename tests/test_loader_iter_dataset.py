@@ -148,6 +148,15 @@ def test_save_and_restore_state_files(files, tmp_path):
   with pytest.raises(ValueError, match=r"data.json is not a loader state file \(not UTF-8 text: byte 0") as e:
     loader.restore_state(path, fresh)
   assert "\n" not in str(e.value)
+  # A save cut short (empty, or half its JSON) and a wrong path: named, with what to do.
+  text = json.dumps({"format": "x"})
+  for cut in (b"", text[:len(text) // 2].encode()):
+    path.write_bytes(cut)
+    with pytest.raises(ValueError, match=r"data.json is not a loader state file \((it is empty|invalid JSON).*; "
+                                         r"restore from another checkpoint\.$"):
+      loader.restore_state(path, fresh)
+  with pytest.raises(FileNotFoundError, match=r"No iterator state at .*missing.json: check the path"):
+    loader.restore_state(path.parent / "missing.json", fresh)
 
 
 _SUBPROCESS = r"""
