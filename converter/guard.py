@@ -163,6 +163,11 @@ class ConversionGuard:
     self._watchdog.start()
     raise KeyboardInterrupt
 
+  def worker_died(self, what: str) -> None:
+    """Ends the run at once when one of its worker processes died (see pipelines.workers.TiedWorkers)."""
+    self._stop_now(f"{what}, so this run cannot finish; {self.complete_shards()} of {len(self.plans)} shards "
+                   "complete; rerun with --skip-existing to resume", 1)
+
   def _stop_now(self, message: str, code: int) -> None:
     """Ends the process at once, after ending its workers and removing what it leaves behind."""
     _kill_descendants()

@@ -80,7 +80,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     print(f"Converting {todo} of {len(plans)} file(s) to {options.output_dir} "
           f"(writer options {options.writer_options!r}, runner "
           f"{opts.get_all_options()['runner']}, {local.mode})...", flush=True)
-  tied = workers.TiedWorkers(keep_fds=[guard.lock_fd])
+  tied = workers.TiedWorkers(keep_fds=[guard.lock_fd], on_death=guard.worker_died)
   guard.on_stop.append(tied.stop)
   start = time.monotonic()
   with guard, progress.watch(shards, quiet=args.quiet), cli.worker_stderr_held_back(local.workers), \

@@ -474,7 +474,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{plan.info['name']!r} ({plan.dataset_dir}) {mode} (writer options "
           f"{options.writer_options!r}, runner {opts.get_all_options()['runner']}, "
           f"{local.mode})...", flush=True)
-  tied = workers.TiedWorkers(keep_fds=[guard.lock_fd])
+  tied = workers.TiedWorkers(keep_fds=[guard.lock_fd], on_death=guard.worker_died)
   guard.on_stop.append(tied.stop)
   start = time.monotonic()
   with guard, progress.watch(shards, quiet=args.quiet), cli.worker_stderr_held_back(local.workers), \

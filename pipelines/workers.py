@@ -33,7 +33,8 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 # Cores this process may run on (its CPU affinity): the loader's count.
 from loader.engine import available_cores as usable_cores
@@ -211,6 +212,7 @@ def local_runner(options):
 
 # Beam 2.77's multi_processing worker command (fn_runner.FnApiRunner.run_pipeline).
 _BEAM_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
+_WATCH_S = 0.2  # How often TiedWorkers looks for a worker that died.
 _BEAM_WORKER_COMMAND = "%s -m " + _BEAM_WORKER_MAIN
 
 
@@ -264,6 +266,19 @@ class _WorkerSpawner:
         _kill(proc)
 
 
+def _zombie_exit_code(pid: int) -> int | None:
+  """A dead, not yet reaped process's exit code as Popen gives it (-N: signal N); None if it runs (Linux /proc)."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      fields = f.read().rsplit(b")", 1)[1].split()
+  except (OSError, IndexError):
+    return None
+  if fields[0] != b"Z" or len(fields) < 50:
+    return None
+  status = int(fields[-1])  # The wait status (field 52, Linux >= 3.5).
+  return -(status & 0x7F) if status & 0x7F else status >> 8
+
+
 def _kill(proc: subprocess.Popen) -> None:
   if proc.poll() is None:
     try:
@@ -297,11 +312,14 @@ class TiedWorkers:
   line says what happened.
   """
 
-  def __init__(self, keep_fds: Sequence[int | None] = ()):
+  def __init__(self, keep_fds: Sequence[int | None] = (), on_death: Callable[[str], None] | None = None):
     self._keep_fds = tuple(fd for fd in keep_fds if fd is not None)
     self._spawner: _WorkerSpawner | None = None
     self._stopping = False
     self._hook = None
+    self._on_death = on_death
+    self._watching = threading.Event()
+    self._death_lock = threading.RLock()
 
   def __enter__(self) -> TiedWorkers:
     self._spawner = _spawner()
@@ -309,10 +327,43 @@ class TiedWorkers:
       self._spawner.start(self._keep_fds)
     self._hook = threading.excepthook
     threading.excepthook = self._excepthook
+    if self._on_death is not None and self._spawner is not None:
+      self._watching.set()
+      threading.Thread(target=self._watch, name="arrayrecord-worker-watch", daemon=True).start()
     return self
 
+  def _watch(self) -> None:
+    """Ends the run once a worker dies uncalled for (the out-of-memory killer, say).
+
+    Beam would wait for a starting worker forever, or fail later with a bare
+    `Empty` from its queues, after its threads' tracebacks.
+    """
+    while self._watching.is_set():
+      self._report_death()
+      time.sleep(_WATCH_S)
+
+  def _report_death(self) -> bool:
+    """Calls on_death (once) if a worker died; whether one did."""
+    if self._on_death is None or self._spawner is None or not self._watching.is_set():
+      return False
+    with self._death_lock:
+      for proc in list(self._spawner.procs):
+        code = proc.returncode if proc.returncode is not None else _zombie_exit_code(proc.pid)
+        if not code or self._stopping:
+          continue
+        how = (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
+               else f"exited with code {code}")
+        if code == -signal.SIGKILL:
+          how += " (often the out-of-memory killer: give the run more memory or fewer --workers)"
+        self._stopping = True  # Beam's threads' tracebacks about it are muted.
+        self._on_death(f"a Beam worker process (pid {proc.pid}) {how}")
+        return True
+    return self._stopping
+
   def _excepthook(self, args) -> None:
-    if not self._stopping:
+    # A worker's death shows first as errors in Beam's threads (its gRPC
+    # streams, its process waiter): the run's one line says what happened.
+    if not (self._stopping or self._report_death()):
       self._hook(args)
 
   def stop(self) -> None:
@@ -322,6 +373,7 @@ class TiedWorkers:
       self._spawner.stop()
 
   def __exit__(self, exc_type, exc, tb) -> None:
+    self._watching.clear()
     try:
       if exc_type is not None:
         self.stop()
