@@ -64,6 +64,16 @@ def unknown_beam_flags(opts: PipelineOptions, argv: Sequence[str] = ()) -> list[
   return sorted(typed.get(k, "--" + k) for k in everything if k not in known)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse's parser, whose "expected ... argument" error says how to pass a value starting with '-'."""
+
+  def error(self, message: str):
+    if "expected one argument" in message or "expected at least one argument" in message:
+      message += (" (a value starting with '-', such as a file named -x.tfrecord, reads as a flag: "
+                  "write --input=-x.tfrecord or --input ./-x.tfrecord)")
+    super().error(message)
+
+
 def say(line: str) -> None:
   """One line on stderr; nothing if there is no terminal any more (after SIGHUP)."""
   try:

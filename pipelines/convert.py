@@ -27,7 +27,7 @@ PROG = "arrayrecord-convert"
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
+  p = cli.ArgumentParser(
       prog=PROG, description="Convert TFRecord shards to matched ArrayRecord shards "
       "with Apache Beam (DirectRunner unless --runner says otherwise). Unknown flags "
       "go to Beam.")

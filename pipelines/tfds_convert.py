@@ -425,7 +425,7 @@ def verify_tfds(plan: TfdsPlan, compression: str = "auto",
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
+  p = cli.ArgumentParser(
       prog=PROG, allow_abbrev=False,
       description="Convert a prepared TFDS dataset from TFRecord to TFDS's ArrayRecord format "
       "with Apache Beam (DirectRunner unless --runner says otherwise). Unknown flags go to Beam.")

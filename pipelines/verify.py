@@ -7,7 +7,6 @@ Exits non-zero if any shard is missing, differs, or disagrees with the manifest.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -184,7 +183,7 @@ def _stopped_by_signals():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+  p = cli.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
   p.add_argument("--input", action="extend", nargs="+", required=True, metavar="PATTERN")
   p.add_argument("--output", required=True, metavar="DIR")
   p.add_argument("--compression", default="auto", choices=("auto", "gzip", "zlib", "none"))

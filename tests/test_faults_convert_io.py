@@ -196,6 +196,21 @@ def test_a_folder_that_cannot_be_listed_is_named_when_nothing_matches(tmp_path, 
   assert error_line(capsys).endswith(f"No files match the input pattern {str(inp / '*.nothing')!r}. {hint}.")
 
 
+def test_a_file_name_starting_with_a_dash_gets_a_hint(tmp_path, small, capsys, monkeypatch, ar_read):
+  inp, recs = small
+  name = sorted(recs)[0]
+  ft.write_tfrecords(str(tmp_path / "-x.tfrecord"), recs[name])
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(SystemExit) as e:
+    convert.main(["--input", "-x.tfrecord", "--output", "out"])
+  assert e.value.code == 2
+  assert capsys.readouterr().err.splitlines()[-1] == (
+      "arrayrecord-convert: error: argument --input: expected at least one argument (a value starting with '-', "
+      "such as a file named -x.tfrecord, reads as a flag: write --input=-x.tfrecord or --input ./-x.tfrecord)")
+  assert convert.main(["--input=-x.tfrecord", "--output", "out", "--quiet"]) == 0
+  assert ar_read(str(tmp_path / "out" / "-x.array_record")) == recs[name]
+
+
 def test_wrong_compression_suggests_auto(tmp_path, small, capsys):
   inp, _ = small
   out = tmp_path / "out"
