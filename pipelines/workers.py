@@ -213,6 +213,7 @@ def local_runner(options):
 # Beam 2.77's multi_processing worker command (fn_runner.FnApiRunner.run_pipeline).
 _BEAM_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
 _WATCH_S = 0.2  # How often TiedWorkers looks for a worker that died.
+_DEATH_GRACE_S = 1.0  # How long an error in one of Beam's threads waits for a worker's death to show.
 _BEAM_WORKER_COMMAND = "%s -m " + _BEAM_WORKER_MAIN
 
 
@@ -362,9 +363,15 @@ class TiedWorkers:
 
   def _excepthook(self, args) -> None:
     # A worker's death shows first as errors in Beam's threads (its gRPC
-    # streams, its process waiter): the run's one line says what happened.
-    if not (self._stopping or self._report_death()):
-      self._hook(args)
+    # streams, its process waiter), which may come before the process is a
+    # zombie (the kernel closes its sockets first): the run's one line says
+    # what happened.
+    deadline = time.monotonic() + _DEATH_GRACE_S
+    while not (self._stopping or self._report_death()):
+      if time.monotonic() > deadline:
+        self._hook(args)
+        return
+      time.sleep(_DEATH_GRACE_S / 20)
 
   def stop(self) -> None:
     """Kills the run's worker processes now (their temp files are removed as dead runs')."""

@@ -69,7 +69,18 @@ def start_cli(module: str, *args: str, new_session: bool = False) -> subprocess.
   """
   return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env(),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=new_session)
+                          start_new_session=new_session, preexec_fn=default_signals)
+
+
+def default_signals() -> None:
+  """SIGHUP and SIGINT as a terminal's process has them, also when the tests run under nohup or in the background.
+
+  The CLIs keep a signal that their caller ignores ignored (nohup means: do
+  not stop on a hang-up), so a test of their handling must start them with
+  the default.
+  """
+  signal.signal(signal.SIGHUP, signal.SIG_DFL)
+  signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _stat_fields(pid: int) -> list[str] | None:

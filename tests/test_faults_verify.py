@@ -142,6 +142,13 @@ def test_a_signal_while_checking_gives_one_line(converted, capsys, monkeypatch, 
     time.sleep(5)
     return checked(*args, **kwargs)
   monkeypatch.setattr(verify, "check_manifest", signalled)
-  assert run_verify(inp, out) == code
+  # As a terminal's process has them: a signal the caller ignores (under nohup, say) stays ignored.
+  before = {s: signal.signal(s, h) for s, h in ((signal.SIGHUP, signal.SIG_DFL),
+                                                 (signal.SIGINT, signal.default_int_handler))}
+  try:
+    assert run_verify(inp, out) == code
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # Handlers are put back.
+  finally:
+    for s, h in before.items():
+      signal.signal(s, h)
   assert ft.one_line(capsys.readouterr().err) == f"arrayrecord-verify: {how}; nothing was changed, rerun to check again"
-  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # Handlers are put back.
