@@ -349,32 +349,6 @@ def _session_and_workers(proc) -> list[int]:
   return [proc.pid] + ft.children(proc.pid)
 
 
-@pytest.mark.parametrize("when", ["starting", "mid-run"])
-def test_a_worker_process_that_dies_ends_the_run_in_one_line(tmp_path, dataset, ar_read, when):
-  # E.g. the out-of-memory killer: Beam alone would wait for a starting worker
-  # forever, or fail later with a bare "Empty" from its queues.
-  from pipelines import verify
-  inp, recs = dataset
-  out = tmp_path / "out"
-  proc = ft.start_cli(CONVERT, *convert_args(inp, out)[:-2], "--workers", "2", new_session=True)
-  workers = lambda: [c for c in ft.children(proc.pid) if "sdk_worker" in ft.cmdline(c)]
-  if when == "starting":
-    ft.wait_for(lambda: len(workers()) == 2, proc, what="two worker processes")
-  else:
-    ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
-  os.kill(workers()[0], signal.SIGKILL)
-  _, stderr = proc.communicate(timeout=60)
-  assert proc.returncode == 1, stderr
-  line = ft.one_line(stderr)
-  assert line.startswith("arrayrecord-convert: a Beam worker process (pid ") and "was killed by SIGKILL" in line
-  assert line.endswith("shards complete; rerun with --skip-existing to resume")
-  assert ft.temps(str(out)) == [] and not (out / ondisk.LOCK_NAME).exists()
-  assert convert.main(convert_args(inp, out, "--skip-existing")) == 0
-  assert verify.main(["--input", str(inp / "*"), "--output", str(out)]) == 0
-  for name, records in recs.items():
-    assert ar_read(str(out / ft.out_name(name))) == records
-
-
 @pytest.mark.parametrize("sig, code, how", [(signal.SIGINT, 130, "interrupted"),
                                             (signal.SIGTERM, 143, "stopped by SIGTERM"),
                                             (signal.SIGHUP, 129, "stopped by SIGHUP")])
