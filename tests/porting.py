@@ -131,6 +131,40 @@ class RemoveEvenElements(grain.transforms.Filter):
     return element % 2
 """
 
+# Section 5 of Grain 0.2.18's docs/tutorials/jax_training_tutorial.md ("Putting
+# it all together") up to its training loop, which the two files porting that
+# tutorial run for different numbers of steps.
+JAX_TRAINING_TEMPLATE = """
+BATCH_SIZE = 8
+devices = jax.devices()
+mesh = jax.sharding.Mesh(np.array(devices), axis_names=("data",))
+sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+
+def preprocess(r):
+    return {"image": r["image"].astype(np.float32) / 255.0,
+            "label": r["label"]}
+
+ds = (
+    grain.MapDataset.source(source)
+    .seed(42).shuffle().repeat()
+    .map(preprocess)
+    .batch(BATCH_SIZE, drop_remainder=True)
+    .to_iter_dataset()
+)
+
+ds = grain.experimental.device_put(
+    ds=ds, device=sharding,
+    cpu_buffer_size=4, device_buffer_size=2,
+)
+
+@jax.jit
+def train_step(params, batch):
+    # Replace with your real loss/update.
+    return params + batch["image"].mean()
+
+params = jnp.zeros(())
+"""
+
 CAPTURE_LOGS = """
 import logging
 

@@ -172,35 +172,7 @@ for step, batch in zip(range(3), ds):
          for s in batch["image"].addressable_shards],
         np.asarray(batch["label"]).tolist()])
 
-BATCH_SIZE = 8
-devices = jax.devices()
-mesh = jax.sharding.Mesh(np.array(devices), axis_names=("data",))
-sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-
-def preprocess(r):
-    return {"image": r["image"].astype(np.float32) / 255.0,
-            "label": r["label"]}
-
-ds = (
-    grain.MapDataset.source(source)
-    .seed(42).shuffle().repeat()
-    .map(preprocess)
-    .batch(BATCH_SIZE, drop_remainder=True)
-    .to_iter_dataset()
-)
-
-ds = grain.experimental.device_put(
-    ds=ds, device=sharding,
-    cpu_buffer_size=4, device_buffer_size=2,
-)
-
-@jax.jit
-def train_step(params, batch):
-    # Replace with your real loss/update.
-    return params + batch["image"].mean()
-
-params = jnp.zeros(())
-out["section_5"] = []
+""" + porting.JAX_TRAINING_TEMPLATE + """out["section_5"] = []
 for step, batch in zip(range(3), ds):
   params = train_step(params, batch)
   out["section_5"].append([step, float(params)])

@@ -1042,35 +1042,7 @@ option_c = []
 for step, batch in zip(range(2), ds):
     option_c.append(batch)
 
-BATCH_SIZE = 8
-devices = jax.devices()
-mesh = jax.sharding.Mesh(np.array(devices), axis_names=("data",))
-sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-
-def preprocess(r):
-    return {"image": r["image"].astype(np.float32) / 255.0,
-            "label": r["label"]}
-
-ds = (
-    grain.MapDataset.source(source)
-    .seed(42).shuffle().repeat()
-    .map(preprocess)
-    .batch(BATCH_SIZE, drop_remainder=True)
-    .to_iter_dataset()
-)
-
-ds = grain.experimental.device_put(
-    ds=ds, device=sharding,
-    cpu_buffer_size=4, device_buffer_size=2,
-)
-
-@jax.jit
-def train_step(params, batch):
-    # Replace with your real loss/update.
-    return params + batch["image"].mean()
-
-params = jnp.zeros(())
-for step, batch in zip(range(5), ds):
+""" + porting.JAX_TRAINING_TEMPLATE + """for step, batch in zip(range(5), ds):
   params = train_step(params, batch)
 """
 
