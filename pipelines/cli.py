@@ -69,8 +69,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
   def error(self, message: str):
     if "expected one argument" in message or "expected at least one argument" in message:
+      flag = message.split(":", 1)[0].replace("argument ", "").split("/")[0]
       message += (" (a value starting with '-', such as a file named -x.tfrecord, reads as a flag: "
-                  "write --input=-x.tfrecord or --input ./-x.tfrecord)")
+                  f"write {flag}=-x.tfrecord or {flag} ./-x.tfrecord)")
     super().error(message)
 
 
