@@ -171,8 +171,8 @@ import logging
 
 class Capture(logging.Handler):
 
-  def __init__(self):
-    super().__init__(logging.WARNING)
+  def __init__(self, level=logging.WARNING):
+    super().__init__(level)
     self.messages = []
 
   def emit(self, record):

@@ -694,21 +694,9 @@ def test_parquet_tutorial_prints_the_same(tmp_path, monkeypatch):
 
 # ---- Debugging (docs/tutorials/dataset_debugging_tutorial.md) ---------------
 
-INFO_LOGS = """
-import logging
+INFO_LOGS = porting.CAPTURE_LOGS + """
 
-
-class Capture(logging.Handler):
-
-  def __init__(self):
-    super().__init__(logging.INFO)
-    self.messages = []
-
-  def emit(self, record):
-    self.messages.append(record.getMessage())
-
-
-capture = Capture()
+capture = Capture(logging.INFO)
 logging.getLogger("absl").addHandler(capture)
 _absl_level = logging.getLogger("absl").level
 logging.getLogger("absl").setLevel(logging.INFO)
