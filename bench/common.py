@@ -458,6 +458,17 @@ def _kill_tree(pid: int) -> None:
     pass
 
 
+def child_env(**extra: str) -> dict[str, str]:
+  """This process's environment for a child that imports the repository's packages.
+
+  The repository goes in front of PYTHONPATH rather than replacing it: a
+  machine whose packages are on PYTHONPATH (wheels unpacked into a folder)
+  keeps them in the child.
+  """
+  path = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+  return {**os.environ, **extra, "PYTHONPATH": path}
+
+
 def fresh_dir(path: str) -> str:
   """An empty directory at path (removed first if it exists)."""
   if os.path.exists(path):

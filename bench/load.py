@@ -631,7 +631,7 @@ def run_child(spec: dict) -> dict:
 def _measure(spec: dict, timeout: float) -> dict:
   script = os.path.join(_HERE, "jax_main.py") if spec.get("jax_main") else os.path.abspath(__file__)
   cmd = [sys.executable, script, "--child", json.dumps(spec)]
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": common.REPO_ROOT}
+  env = common.child_env(TF_CPP_MIN_LOG_LEVEL="3")
   result, m = common.run_json_child(cmd, _RESULT_TAG, timeout=timeout, env=env)
   if result is None:
     tail = "\n".join(m.stdout.splitlines()[-15:])
@@ -716,14 +716,14 @@ def startup_plan(workloads: list[str], families: list[str]) -> list[dict]:
 
 
 def _run_startup(cases: list[dict], args, files: dict, sweeps: dict) -> list[dict]:
-  """Each case's time to the 1st and 20th batch, median of STARTUP_RUNS fresh processes."""
+  """Each case's time to the 1st and 20th batch, median of args.startup_runs fresh processes."""
   out = []
   for case in cases:
     params = dict(case["params"])
     if case["family"] == "grain-batched":
       params.update(sweeps.get(case["workload"], {}).get("chosen", {}))
     spec = {**case, "params": params, "kind": "row", "seconds": 0.01, "warmup": 0.0, "files": files}
-    runs = [_measure(spec, args.timeout) for _ in range(STARTUP_RUNS)]
+    runs = [_measure(spec, args.timeout) for _ in range(args.startup_runs)]
     failed = [r for r in runs if r["status"] != "ok"]
     res = {**case, "params": params, "status": failed[0]["status"] if failed else "ok"}
     if not failed:
@@ -966,7 +966,7 @@ def startup_target(cases: list[dict], target: Callable[..., None]) -> None:
     limit = TARGETS["startup_first_batch_max_s"]
     value = worst if complete else None
     target(f"start-up: first batch < {limit:g} s with {STARTUP_WORKERS} workers, the script importing JAX at "
-           f"top level (value: worst ours, s; median of {STARTUP_RUNS} runs)", value,
+           f"top level (value: worst ours, s; median of {max(len(c.get('first_batch_runs', ())) for c in cases)} runs)", value,
            value is not None and value < limit, "; ".join(parts))
 
 
@@ -1094,7 +1094,8 @@ def render_markdown(result: dict) -> str:
             "Spawned workers run the script's top level before their first element (as Grain's do: setup "
             "such as `jax.config.update` holds in them too), so a top-level `import jax` is paid again in "
             "every worker. The child script is bench/load.py, or bench/jax_main.py (`import jax`, then the "
-            f"same code); each case runs {STARTUP_RUNS} times in fresh processes, the median is shown. "
+            f"same code); each case runs {result['settings'].get('startup_runs', STARTUP_RUNS)} times in fresh "
+            "processes, the median is shown. "
             "Configurations: the `mp x2` rows above.", "",
             _table(result["startup"], [
                 ("workload", lambda r: r["workload"]), ("system", lambda r: r["name"]),
@@ -1120,7 +1121,8 @@ def render_markdown(result: dict) -> str:
     names = members[0]["name"].split(" mp x")[0]
     ws = "" if len(members) == 1 else f" (W = {', '.join(str(m['workers']) for m in members)})"
     out += [f"- `{workload}` / {names}{ws}: `{code.replace(chr(10), '; ')}`"]
-  out += ["", "Notes:", ""] + [f"- {n}" for n in result["notes"]]
+  settings = {"slice_rounds": SLICE_ROUNDS, "slice_window_s": SLICE_WINDOW_S, **result["settings"]}
+  out += ["", "Notes:", ""] + [f"- {n.format(**settings)}" for n in result["notes"]]
   return "\n".join(out) + "\n"
 
 
@@ -1133,8 +1135,8 @@ NOTES = [
     "batched) at the same worker count; the other ReadOptions rows are shown, not used for ratios.",
     "heavy-map scaling efficiency = rate with W workers / (W x the in-process ReadOptions(num_threads=0) "
     "rate, i.e. one core doing read + map + batch).",
-    f"The raw-limit and scaling targets are judged time-sliced (bench/timeslice.py): both rows run as "
-    f"live, warmed-up processes that take turns, {SLICE_ROUNDS} rounds of {SLICE_WINDOW_S:g} s windows each "
+    "The raw-limit and scaling targets are judged time-sliced (bench/timeslice.py): both rows run as "
+    "live, warmed-up processes that take turns, {slice_rounds} rounds of {slice_window_s:g} s windows each "
     "(SIGCONT / SIGSTOP to each process group, order rotated every round), and each rate is its units over "
     "its windows' seconds, so a drifting shared VM slows both sides alike; the tables show each row's best "
     "of the passes, whose ratio can pair a fast moment of one row with a slow moment of the other.",
@@ -1175,7 +1177,7 @@ def _run_sliced(rows: list[dict], specs: list[dict], args, files: dict, rounds: 
   def cmd(spec):
     return [sys.executable, os.path.abspath(__file__), "--child", json.dumps(_row_spec(spec, args, files))]
 
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": common.REPO_ROOT}
+  env = common.child_env(TF_CPP_MIN_LOG_LEVEL="3")
   out = {}
   for key, (ours, yardstick, scale) in _ratio_target_rows(rows).items():
     if not (_ok(ours) and _ok(yardstick)):
@@ -1244,6 +1246,12 @@ def main(argv=None) -> int:
   p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"Comma-separated subset of {WORKLOADS}.")
   p.add_argument("--systems", default=",".join(FAMILIES), help=f"Comma-separated subset of {FAMILIES}.")
   p.add_argument("--timeout", type=float, default=120, help="Seconds per row before its process tree is killed.")
+  p.add_argument("--startup-runs", type=int, default=STARTUP_RUNS,
+                 help="Fresh processes per start-up case; the median counts.")
+  p.add_argument("--slice-rounds", type=int, default=None,
+                 help=f"Rounds of the time-sliced comparisons (default {SLICE_ROUNDS}; quick 4).")
+  p.add_argument("--slice-window", type=float, default=None,
+                 help=f"Seconds per time-sliced window (default {SLICE_WINDOW_S:g}; quick 0.25).")
   p.add_argument("--json", help="Write the results as JSON here (for bench/run_all.py).")
   p.add_argument("--child", help=argparse.SUPPRESS)
   p.add_argument("--counter", help=argparse.SUPPRESS)  # A time-sliced member's counter file.
@@ -1269,6 +1277,8 @@ def main(argv=None) -> int:
   args.seconds = args.seconds or (1.0 if quick else 3.0)
   args.warmup = args.warmup if args.warmup is not None else (0.3 if quick else 1.0)
   args.sweep_seconds = args.sweep_seconds or (0.5 if quick else 1.5)
+  args.slice_rounds = args.slice_rounds or (4 if quick else SLICE_ROUNDS)
+  args.slice_window = args.slice_window or (0.25 if quick else SLICE_WINDOW_S)
   workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
   families = [s.strip() for s in args.systems.split(",") if s.strip()]
   for given, valid, what in ((workloads, WORKLOADS, "--workloads"), (families, FAMILIES, "--systems")):
@@ -1334,7 +1344,7 @@ def main(argv=None) -> int:
       if old is None or old.get("status") != "ok" or (res["status"] == "ok" and res["rate"] > old["rate"]):
         best[i] = {**s, **res}
   rows = [best[i] for i in range(len(specs))]
-  paired = _run_sliced(rows, specs, args, files, *((4, 0.25) if quick else (SLICE_ROUNDS, SLICE_WINDOW_S)))
+  paired = _run_sliced(rows, specs, args, files, args.slice_rounds, args.slice_window)
   startup = _run_startup(startup_plan(workloads, families), args, files, sweeps)
   targets = compare(rows, cores, pack, map_cost, paired, startup)
 
@@ -1354,7 +1364,9 @@ def main(argv=None) -> int:
         "machine": machine,
         "versions": common.package_versions(["array-record", "grain", "tensorflow-cpu", "numpy", "jax"]),
         "settings": {"seconds": args.seconds, "warmup": args.warmup, "repeat": args.repeat,
-                     "sweep_seconds": args.sweep_seconds, "quick": quick, "batch_size": BATCH,
+                     "sweep_seconds": args.sweep_seconds, "quick": quick,
+                     "startup_runs": args.startup_runs, "slice_rounds": args.slice_rounds,
+                     "slice_window_s": args.slice_window, "batch_size": BATCH,
                      "llm_batch_size": LLM_BATCH, "wall_s": round(time.monotonic() - started, 1),
                      "load_avg_end": common.machine_info().get("load_avg_1m")},
         "data": {**data.summary(), "array_record_files": len(ar_files), "writer_options": "group_size:1"},
