@@ -29,6 +29,14 @@ BENCHES = {
 }
 
 
+# Runs made on a lent accelerator machine by bench/device.sh (never here, never
+# in CI): rendered from their saved JSON, after this machine's sections.
+DEVICE_RESULTS = (
+    ("device/device.json", "Accelerator feeding (bench/device.py on a lent GPU machine)"),
+    ("device/load_device.json", "load on the GPU machine's host (bench/load.py via bench/device.sh)"),
+)
+
+
 def wait_for_quiet(limit_s: float = 180.0, load: float = 0.8) -> None:
   """Waits (up to limit_s) until the 1-minute load average falls below `load`.
 
@@ -151,6 +159,13 @@ def render(results: dict[str, dict]) -> str:
       parts += _scale_section(res["scale_estimate"])
     if res.get("guidance"):
       parts += ["### Shard size", ""] + [f"- {g}" for g in res["guidance"]] + [""]
+  for path, title in DEVICE_RESULTS:
+    saved = os.path.join(RESULTS, path)
+    if os.path.exists(saved):
+      with open(saved) as f:
+        res = json.load(f)
+      parts += ["", f"## {title}", "", f"Saved in bench/results/{path}; its logs lie beside it.", "",
+                res["markdown"].rstrip(), ""]
   notes = os.path.join(HERE, "analysis.md")
   if os.path.exists(notes):  # Hand-written reading of the numbers, kept across re-runs.
     with open(notes) as f:
