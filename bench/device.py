@@ -185,7 +185,7 @@ def device_rates(data_dir: str, workers: list[int], seconds: float, models=MODEL
            "compute_records_per_s": round(compute["per_s"] * BATCH), "fed": []}
     print(f"[compute] {name}: {compute['per_s']:,.1f} steps/s on a device-resident batch", flush=True)
     # The small model is fed by every worker count; the wide ones by the extremes.
-    fed_workers = workers if widths == MODELS[0][1] else [min(2, max(workers)), max(workers)]
+    fed_workers = workers if widths == MODELS[0][1] else sorted({min(2, max(workers)), max(workers)})
     cases = [(w, FED_PREFETCH) for w in fed_workers]
     if widths == MODELS[0][1]:
       cases.append((max(workers), 0))
