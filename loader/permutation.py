@@ -172,10 +172,25 @@ def _cipher(word: int, seed: int, rounds: int) -> _Cipher:
   return _Cipher(word, seed, rounds)
 
 
+class IndexShuffleArgumentError(TypeError, ValueError):
+  """An `index_shuffle` argument outside its C type: a TypeError as Grain's binding raises, and a ValueError."""
+
+
+# Grain's C++ binding: int64 positions, uint32 seed and rounds.
+_INDEX_SHUFFLE_RANGES = {"index": (-2**63, 2**63), "max_index": (-2**63, 2**63), "seed": (0, 2**32),
+                         "rounds": (0, 2**32)}
+
+
 def index_shuffle(index: int, max_index: int, seed: int, rounds: int) -> int:
   """Grain's `grain.experimental.index_shuffle`: position `index` of a seeded permutation of [0, max_index]."""
-  rounds = check_rounds(rounds)
-  seed = checks.check_seed(seed, "index_shuffle")
+  for name, value in (("index", index), ("max_index", max_index), ("seed", seed), ("rounds", rounds)):
+    low, high = _INDEX_SHUFFLE_RANGES[name]
+    # bool is an int here: Grain's binding takes True as 1.
+    if not isinstance(value, (int, np.integer)) or not low <= value < high:
+      raise IndexShuffleArgumentError(
+          f"index_shuffle: {name} must be an integer in [{low}, {high}) (got {name}={value!r}).")
+  rounds = check_rounds(int(rounds))
+  seed = checks.check_seed(int(seed), "index_shuffle")
   index, max_index = int(index), int(max_index)
   if not 0 <= index <= max_index:
     raise ValueError(f"index must be in [0, max_index], but got index = {index} and max_index = {max_index}")

@@ -84,6 +84,11 @@ def run_both(source: str, **inputs: Any) -> tuple[types.SimpleNamespace, types.S
 
 def run_script(source: str, lib: str, directory: str | os.PathLike, *args: str, timeout: float = 300) -> Any:
   """Runs the snippet as a `__main__` script (for worker processes); returns the JSON its last line prints."""
+  return json.loads(script_output(source, lib, directory, *args, timeout=timeout).strip().splitlines()[-1])
+
+
+def script_output(source: str, lib: str, directory: str | os.PathLike, *args: str, timeout: float = 300) -> str:
+  """Runs the snippet as a `__main__` script; returns what it printed (AssertionError if it failed)."""
   path = os.path.join(os.fspath(directory), f"snippet_{lib}.py")
   with open(path, "w", encoding="utf-8") as f:
     f.write(source_for(source, lib))
@@ -92,7 +97,7 @@ def run_script(source: str, lib: str, directory: str | os.PathLike, *args: str, 
                         cwd=os.fspath(directory), check=False)
   if proc.returncode:
     raise AssertionError(f"{lib} script failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return proc.stdout
 
 
 # Snippet source: a logging handler that keeps the warnings' messages (`Capture().messages`).

@@ -46,6 +46,10 @@ _STATE_KEYS = ("next_index_in_cycle", "next_index_in_datasets", "iterators_in_us
                "iterators_in_use_states", "exhausted")
 
 
+
+class NotADatasetError(TypeError, AssertionError):
+  """An element of the datasets' MapDataset that is no dataset: a TypeError, and the AssertionError Grain raises."""
+
 class InterleaveIterDataset(iter_lib.IterDataset[T]):
   """Interleaves `datasets`, at most `cycle_length` of them open at a time.
 
@@ -131,8 +135,8 @@ class InterleaveIterDataset(iter_lib.IterDataset[T]):
     if isinstance(ds, map_lib.MapDataset):
       return iter(ds.to_iter_dataset())
     if not isinstance(ds, iter_lib.IterDataset):
-      raise TypeError(f"InterleaveIterDataset: dataset {index} is a {type(ds).__name__}, "
-                      "not an IterDataset or MapDataset.")
+      raise NotADatasetError(f"InterleaveIterDataset: dataset {index} is a {type(ds).__name__}, "
+                             "not an IterDataset or MapDataset.")
     # A MapDataset part already reads in chunks (with its ReadOptions threads);
     # a thread per element would only add a hand-off (~25x slower in-memory).
     if self._iter_buffer_size and not isinstance(ds, iter_lib.MapBackedIterDataset):

@@ -92,8 +92,9 @@ def pick_performance_config(ds: Any, *, ram_budget_mb: int | None, max_workers: 
   Args:
     ds: The `IterDataset` to tune (a `MapDataset` is taken as its
       `to_iter_dataset()`).
-    ram_budget_mb: Memory the buffered elements may take, in MiB; None for no
-      limit (Grain requires a number).
+    ram_budget_mb: Memory the buffered elements may take, in MiB (0: no
+      workers and no buffer, as Grain gives); None for no limit (Grain
+      requires a number).
     max_workers: At most this many workers; None: the cores available here.
     max_buffer_size: At most this `ReadOptions.prefetch_buffer_size`; None:
       1000, as in Grain.
@@ -104,8 +105,8 @@ def pick_performance_config(ds: Any, *, ram_budget_mb: int | None, max_workers: 
   """
   if isinstance(ds, map_lib.MapDataset):
     ds = ds.to_iter_dataset()
-  if ram_budget_mb is not None and (not isinstance(ram_budget_mb, (int, float)) or ram_budget_mb <= 0):
-    raise ValueError(f"ram_budget_mb must be a positive number or None (got {ram_budget_mb=!r}).")
+  if ram_budget_mb is not None and (not isinstance(ram_budget_mb, (int, float)) or ram_budget_mb < 0):
+    raise ValueError(f"ram_budget_mb must be a number >= 0 or None (got {ram_budget_mb=!r}).")
   max_workers = engine.available_cores() if max_workers is None else max_workers
   max_buffer_size = _DEFAULT_MAX_BUFFER_SIZE if max_buffer_size is None else max_buffer_size
   per_worker_buffer = options_lib.MultiprocessingOptions().per_worker_buffer_size
