@@ -22,10 +22,10 @@ import json
 import os
 import pathlib
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from loader import ondisk
 from loader import sharding
 
 _FORMAT = "arrayrecord-toolkit/loader-state"
@@ -69,7 +69,11 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
   data = json.dumps(record, indent=1, sort_keys=True)
   try:
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    # The temp name records this process, so a save killed midway (kill -9)
+    # leaves a file the next save recognises as nobody's and removes.
+    ondisk.remove_stale_temps_of(path)
+    tmp = ondisk.temp_name(os.path.abspath(path))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
   except OSError as e:
     raise _save_error(e, path) from e
   try:

@@ -53,7 +53,7 @@ _TARGET_CHUNK_SECONDS = 0.1
 # faster one (a 64k-record read takes ~0.2 s); a slow map keeps ~0.1 s chunks.
 _FULL_CHUNK_SECONDS_IN_PROCESS = 0.5
 _DECAY = 0.7  # Weight of the cost history at each new chunk.
-_MAX_CHUNK_BYTES = 64 << 20
+MAX_CHUNK_BYTES = 64 << 20
 
 
 def _elements_for(ds: map_dataset_lib.MapDataset, records: int) -> int:
@@ -80,7 +80,7 @@ class ChunkSizer:
   The size is the smallest of: ~64k source records (read amortisation),
   ~0.1 s of measured compute (so slow maps give small chunks that keep every
   worker busy and batches flowing; in process, a full 64k-record chunk may
-  take up to 0.5 s), ~64 MiB of measured element bytes, and,
+  take up to 0.5 s), ~64 MiB of measured element bytes (or `max_chunk_bytes`), and,
   with `parallelism` consumers of chunks, half a fair share of what is left
   (so a small dataset still reaches every worker); in process, never fewer
   elements than the threads a chunk is split over. It starts with chunks of 1
@@ -91,8 +91,9 @@ class ChunkSizer:
   """
 
   def __init__(self, ds: map_dataset_lib.MapDataset, fixed_records: int | None, *, parallelism: int = 1,
-               split_width: Callable[[], int] | None = None):
+               split_width: Callable[[], int] | None = None, max_chunk_bytes: int = MAX_CHUNK_BYTES):
     self._len = len(ds)
+    self._max_chunk_bytes = max(1, min(MAX_CHUNK_BYTES, max_chunk_bytes))
     # How many elements a chunk needs to keep every thread it is split over
     # busy: the floor of the time cap (else a slow element, over 0.1 s, would
     # make chunks of one, computed one at a time).
@@ -144,7 +145,7 @@ class ChunkSizer:
     if self._bytes_cap is None:
       sample = next((x for x in elements if x is not None), None)
       if sample is not None:
-        self._bytes_cap = max(1, _MAX_CHUNK_BYTES // max(1, _estimate_nbytes(sample)))
+        self._bytes_cap = max(1, self._max_chunk_bytes // max(1, _estimate_nbytes(sample)))
 
 
 def compute_chunk(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tuple[list[Any], Exception | None]:

@@ -17,6 +17,8 @@ consumer can sweep leftovers of a crashed worker from /dev/shm.
 
 from __future__ import annotations
 
+import errno
+import logging
 import mmap
 import os
 import pickle
@@ -31,7 +33,14 @@ import _posixshmem  # The POSIX shm calls SharedMemory uses, without its copy-on
 _INLINE_LIMIT = 64 << 10  # Smaller payloads go through the pipe directly.
 _ALIGN = 64
 _IOV_MAX = 1024  # Linux's limit on buffers per pwritev call.
-_SHM_DIR = "/dev/shm"
+SHM_DIR = "/dev/shm"
+# Shared memory that cannot take a segment (a full or small /dev/shm, as
+# Docker's 64 MB default; a read-only or missing one): the chunk goes through
+# the pipe instead, slower but losing nothing.
+_NO_ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.ENOMEM, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
+                             errno.EMFILE, errno.ENFILE, errno.EFBIG})
+_log = logging.getLogger(__name__)
+_warned_no_room = False
 
 
 def _align(n: int) -> int:
@@ -131,6 +140,28 @@ def encode(obj: Any, name: str) -> tuple:
     parts.append(r)
     offset = start + r.nbytes
   size = _align(offset)
+  try:
+    return _write_segment(name, parts, size, layout, len(data))
+  except OSError as e:
+    if e.errno not in _NO_ROOM_ERRNOS:
+      raise
+    _warn_no_room(e, size)
+    return ("inline", data, [bytes(r) for r in raws])
+
+
+def _warn_no_room(error: OSError, size: int) -> None:
+  global _warned_no_room
+  if not _warned_no_room:
+    _warned_no_room = True
+    _log.warning(
+        "loader: %s has no room for a %.1f MB chunk (%s); this worker (pid %d) sends its chunks through its "
+        "pipe instead, which is slower but loses nothing. Give %s more room (e.g. `docker run --shm-size=2g`), "
+        "or use fewer workers or a smaller MultiprocessingOptions(chunk_size=...).",
+        SHM_DIR, size / 1e6, os.strerror(error.errno), os.getpid(), SHM_DIR)
+
+
+def _write_segment(name: str, parts: list[Any], size: int, layout: list, data_len: int) -> tuple:
+  """Writes `parts` into a new segment `name`; its descriptor (the segment is removed if writing fails)."""
   path = "/" + name  # SharedMemory's POSIX name for `name`.
   fd = _posixshmem.shm_open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
   # Registered as SharedMemory(create=True) registers it: the tracker
@@ -148,7 +179,7 @@ def encode(obj: Any, name: str) -> tuple:
     raise
   finally:
     os.close(fd)
-  return ("shm", name, len(data), layout, size)
+  return ("shm", name, data_len, layout, size)
 
 
 def _write_all(fd: int, parts: list[Any]) -> None:
@@ -225,10 +256,10 @@ def unlink(name: str) -> None:
 
 def sweep(prefix: str) -> int:
   """Unlinks every segment whose name starts with `prefix`; returns how many."""
-  if not os.path.isdir(_SHM_DIR):
+  if not os.path.isdir(SHM_DIR):
     return 0
   removed = 0
-  for entry in os.listdir(_SHM_DIR):
+  for entry in os.listdir(SHM_DIR):
     if entry.startswith(prefix):
       unlink(entry)
       removed += 1

@@ -175,6 +175,20 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
   conn.close()
 
 
+def _shm_chunk_bytes(num_workers: int, in_flight: int) -> int:
+  """Chunk bytes that let every worker's chunks in flight, and as many held by the consumer, fit in /dev/shm.
+
+  A small /dev/shm (Docker's default is 64 MB) would otherwise fill up with
+  ~64 MiB chunks, and workers would fall back to their slower pipes.
+  """
+  try:
+    st = os.statvfs(ipc.SHM_DIR)
+  except OSError:
+    return engine.MAX_CHUNK_BYTES
+  free = st.f_bavail * st.f_frsize
+  return max(1 << 20, free // (2 * max(1, num_workers) * max(1, in_flight)))
+
+
 def _encode_tracked(elements: list, name: str, lock: threading.Lock, outstanding: set) -> tuple:
   """ipc.encode, noting a segment it made as outstanding until the consumer releases it."""
   with lock:
@@ -503,7 +517,8 @@ class MultiprocessChunkProducer:
     self._pool = pool
     self._leaf = pool.register(ds, num_threads)
     self._in_flight = pool.options.per_worker_buffer_size + 1  # One computing, rest buffered.
-    self._sizer = engine.ChunkSizer(ds, pool.options.chunk_size, parallelism=pool.num_workers)
+    self._sizer = engine.ChunkSizer(ds, pool.options.chunk_size, parallelism=pool.num_workers,
+                                    max_chunk_bytes=_shm_chunk_bytes(pool.num_workers, self._in_flight))
     self._gen = 0
     self._restarts = pool.restarts
     # chunk id -> (start, stop, worker index or _LOCAL)

@@ -414,6 +414,26 @@ def remove_stale_temps(directory: str, *, also_own: bool = False) -> list[str]:
   return removed
 
 
+def remove_stale_temps_of(final_path: str) -> list[str]:
+  """Removes the temp files beside `final_path` (made for it by temp_name) of dead processes on this host."""
+  directory = os.path.dirname(os.path.abspath(final_path))
+  base = os.path.basename(final_path)
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return []
+  removed = []
+  for name in names:
+    parsed = parse_temp_name(name)
+    if parsed and parsed[0] == base and is_alive(parsed[1]) is False:
+      try:
+        os.remove(os.path.join(directory, name))
+        removed.append(os.path.join(directory, name))
+      except OSError:  # Gone meanwhile, or not ours to remove.
+        pass
+  return removed
+
+
 # ---------------------------------------------------------------- publishing
 
 REPLACE_ANY = "any"

@@ -13,10 +13,12 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import errno
 import glob
 import hashlib
 import os
 import re
+import resource
 import struct
 import threading
 import time
@@ -63,6 +65,10 @@ class MissingFileError(FileNotFoundError, RuntimeError):
 
 class NotArrayRecordError(ValueError, RuntimeError):
   """A file that is not a readable ArrayRecord file (a RuntimeError too, as Grain raises)."""
+
+
+class TooManyOpenFilesError(OSError, RuntimeError):
+  """The process may open no more files (EMFILE/ENFILE); a RuntimeError too, as Grain's reader raises."""
 
 
 class FileChangedError(RuntimeError):
@@ -180,6 +186,8 @@ def _open_reader(path: str, options: str):
   try:
     reader = reader_cls(path, options)
   except RuntimeError as e:
+    if _out_of_file_descriptors(str(e)):
+      raise _too_many_open_files(path) from e
     raise _unreadable(path, str(e)) from e
   # Depending on the options the reader may not raise on a bad file, only
   # report it through ok().
@@ -190,8 +198,25 @@ def _open_reader(path: str, options: str):
       status = str(e)
     else:
       status = "not ok"
+    if _out_of_file_descriptors(status):
+      raise _too_many_open_files(path)
     raise _unreadable(path, status)
   return reader
+
+
+def _out_of_file_descriptors(message: str) -> bool:
+  return any(text in message for text in (os.strerror(errno.EMFILE), os.strerror(errno.ENFILE),
+                                          "Errno 24", "Errno 23"))
+
+
+def _too_many_open_files(path: str) -> TooManyOpenFilesError:
+  soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+  return TooManyOpenFilesError(
+      errno.EMFILE,
+      f"{path}: cannot open it: this process has too many open files (its limit is {soft}). "
+      "ArrayRecordSource keeps one file open per shard (in each worker process too): raise the limit "
+      "(`ulimit -n 65536` in the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...) before "
+      "building the source), or read fewer, larger shards.")
 
 
 def _unreadable(path: str, reader_status: str) -> NotArrayRecordError:
@@ -322,6 +347,8 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
             f"Directory {p} has neither a {MANIFEST_NAME} nor any *.array_record* files.")
       _check_complete_directory(p, found)
       files.extend((f, None) for f in found)
+    elif os.path.isfile(p):  # A name with [ ] or * that exists is that file, as Grain reads it.
+      files.append((p, None))
     elif glob.has_magic(p):
       found = sorted(f for f in glob.glob(p) if os.path.isfile(f))
       if not found:

@@ -6,12 +6,15 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 import faults_testing as ft
 import loader
 from loader import checkpoint
+from loader import ondisk
 from loader import source as source_lib
 from pipelines import convert, verify
 
@@ -199,3 +202,24 @@ def test_saving_a_state_on_a_full_disk_names_the_path_and_keeps_the_old_one(tmp_
       loader.save_state(path, it)
     assert checkpoint.load_state(path) == old
     assert sorted(os.listdir(where)) == ["filler", "state.json"]  # No temp file left.
+
+
+def test_a_save_killed_midway_leaves_a_temp_the_next_save_removes(tmp_path):
+  """kill -9 during save_state leaves its temp file; the next save removes those of dead processes only."""
+  path = str(tmp_path / "state.json")
+  child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                         check=True)
+  dead = ondisk.Owner(int(child.stdout), 0, ondisk.this_process().host)
+  stale = ondisk.temp_name(path, dead)
+  elsewhere = ondisk.temp_name(path, ondisk.Owner(dead.pid, 0, "another-host"))
+  live = ondisk.temp_name(path)  # This process: a save in another thread, say.
+  other_file = ondisk.temp_name(str(tmp_path / "other.json"), dead)
+  for p in (stale, elsewhere, live, other_file):
+    with open(p, "w") as f:
+      f.write("{")
+  it = iter(loader.MapDataset.range(10).to_iter_dataset())
+  next(it)
+  loader.save_state(path, it)
+  assert not os.path.exists(stale)
+  assert all(map(os.path.exists, (elsewhere, live, other_file)))
+  assert loader.restore_state(path, iter(loader.MapDataset.range(10).to_iter_dataset())) is not None

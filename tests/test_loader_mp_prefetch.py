@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import errno
 import gc
 import os
 import signal
@@ -288,6 +289,53 @@ def test_ipc_puts_arrays_in_shared_memory_and_small_payloads_inline():
   small = ipc.encode([1, np.arange(3)], "unused")
   assert small[0] == "inline" and ipc.decode(small)[1].tolist() == [0, 1, 2]
 
+
+
+def _no_room_in_shm(worker_index: int, num_workers: int) -> None:
+  """worker_init_fn: this worker's /dev/shm is full (as Docker's 64 MB default soon is)."""
+  del worker_index, num_workers
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  ipc._write_all = full  # The segment is created, then filling it fails, as on a full tmpfs.
+
+
+@pytest.mark.parametrize("fail_at", ["shm_open", "write"])
+def test_ipc_without_room_in_shared_memory_sends_inline_and_leaves_no_segment(monkeypatch, caplog, fail_at):
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  if fail_at == "shm_open":
+    monkeypatch.setattr(ipc._posixshmem, "shm_open", full)
+  else:
+    monkeypatch.setattr(ipc, "_write_all", full)
+  monkeypatch.setattr(ipc, "_warned_no_room", False)
+  big = [{"a": np.arange(50_000, dtype=np.int64)}]
+  name = f"arl{os.getpid()}_test_noroom"
+  with caplog.at_level("WARNING", logger="loader.ipc"):
+    desc = ipc.encode(big, name)
+    ipc.encode(big, name + "2")
+  assert desc[0] == "inline" and name not in shm_segments()
+  np.testing.assert_array_equal(ipc.decode(desc)[0]["a"], big[0]["a"])
+  warnings = [r.getMessage() for r in caplog.records]
+  assert len(warnings) == 1 and "/dev/shm has no room" in warnings[0] and "--shm-size" in warnings[0]
+
+
+def test_a_full_shared_memory_loses_nothing(files, capfd):
+  """Each worker's shm writes fail: the chunks come through the pipes, the stream is whole."""
+  before = shm_segments()
+  src = loader.ArrayRecordSource(files)
+  base = loader.MapDataset.source(src).map(_big).batch(4).to_iter_dataset()
+  want = [int(b[0, 0, 0]) for b in base]
+  ds = base.mp_prefetch(loader.MultiprocessingOptions(num_workers=2), worker_init_fn=_no_room_in_shm)
+  it = iter(ds)
+  got = [int(b[0, 0, 0]) for b in it]
+  assert got == want
+  assert it.get_state() is not None
+  err = capfd.readouterr().err
+  assert err.count("has no room for a") == 2, err  # One line per worker.
+  assert shm_segments() <= before
 
 
 def _assert_same_elements(got, want):

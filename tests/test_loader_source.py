@@ -129,6 +129,33 @@ def test_missing_paths_name_the_path(tmp_path):
     loader.ArrayRecordSource(3)
 
 
+def test_a_literal_name_with_glob_characters_is_that_file(tmp_path):
+  """`o[1]/x` and `part[1]` name files, as Grain reads them, not patterns (which would match part1)."""
+  weird = tmp_path / "o[1]"
+  write_array_records(weird, 1, 3, prefix="part[1]")
+  write_array_records(weird, 1, 5, prefix="part1")
+  (path,) = [str(p) for p in weird.iterdir() if p.name.startswith("part[1]")]
+  assert len(loader.ArrayRecordSource(path)) == 3
+  assert len(loader.ArrayRecordSource([path])) == 3
+  # A pattern still globs (escaped where the folder's name has [ ]).
+  import glob  # pylint: disable=g-import-not-at-top
+  assert len(loader.ArrayRecordSource(os.path.join(glob.escape(str(weird)), "part*"))) == 8
+
+
+def test_running_out_of_file_descriptors_says_so(tmp_path):
+  write_array_records(tmp_path, 40, 2)
+  code = (
+      "import resource, loader\n"
+      "resource.setrlimit(resource.RLIMIT_NOFILE, (30, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+      f"src = loader.ArrayRecordSource({str(tmp_path)!r})\n"
+      "loader.MapDataset.source(src)[0:80:1]._getitems(list(range(80)))\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+  last = proc.stderr.strip().splitlines()[-1]
+  assert proc.returncode == 1, proc.stderr
+  assert last.startswith("loader.source.TooManyOpenFilesError: [Errno 24] ") and "its limit is 30" in last, last
+  assert "ulimit -n" in last and "not an ArrayRecord file" not in last
+
+
 def _write_tfrecord(path):
   import crc32c  # pylint: disable=g-import-not-at-top
 
