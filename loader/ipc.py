@@ -22,6 +22,8 @@ import logging
 import mmap
 import os
 import pickle
+import re
+import secrets
 from multiprocessing import resource_tracker
 from multiprocessing import shared_memory
 from typing import Any
@@ -263,4 +265,56 @@ def sweep(prefix: str) -> int:
     if entry.startswith(prefix):
       unlink(entry)
       removed += 1
+  return removed
+
+
+def segment_prefix() -> str:
+  """A new prefix for one pool's segments: `arl<pid>_<namespace tag><random>_`.
+
+  The pid is the consuming process's. The tag tells this pid namespace from
+  another that shares /dev/shm (containers), so `sweep_dead` never takes
+  another namespace's pid for a dead one.
+  """
+  return f"arl{os.getpid()}_{_namespace_tag()}{secrets.token_hex(3)}_"
+
+
+def _namespace_tag() -> str:
+  try:
+    ns = os.stat("/proc/self/ns/pid").st_ino
+  except OSError:  # Not Linux: one namespace as far as this code can tell.
+    ns = 0
+  return f"{ns & 0xFFFF:04x}"
+
+
+_SEGMENT_RE = re.compile(r"arl(\d+)_([0-9a-f]{4})[0-9a-f]{6}_\d+_\d+\Z")
+_swept_dead = False
+
+
+def sweep_dead() -> int:
+  """Unlinks, once per process, the segments of consuming processes of this pid namespace that no longer run.
+
+  They are what a kill of a whole process group (`docker kill`, a cgroup's
+  out-of-memory kill, a scheduler ending a job) leaves: no process of the pool
+  survived to sweep them, and /dev/shm keeps them until reboot. Returns how
+  many were removed.
+  """
+  global _swept_dead
+  if _swept_dead or not os.path.isdir(SHM_DIR):
+    return 0
+  _swept_dead = True
+  tag, removed = _namespace_tag(), 0
+  for entry in os.listdir(SHM_DIR):
+    m = _SEGMENT_RE.match(entry)
+    if not m or m[2] != tag or int(m[1]) == os.getpid():
+      continue
+    try:
+      os.kill(int(m[1]), 0)
+    except ProcessLookupError:
+      try:
+        _posixshmem.shm_unlink("/" + entry)
+        removed += 1
+      except OSError:  # Gone meanwhile, or another user's.
+        pass
+    except PermissionError:  # Runs, as another user.
+      pass
   return removed

@@ -29,7 +29,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import secrets
 import signal
 import sys
 import threading
@@ -343,7 +342,8 @@ class _WorkerPool:
     self._threads: list[int] = []  # Per part: its ReadOptions.num_threads.
     self.procs: list[Any] = []
     self.conns: list[Any] = []
-    self.prefix = f"arl{os.getpid()}_{secrets.token_hex(3)}_"
+    ipc.sweep_dead()
+    self.prefix = ipc.segment_prefix()
     self.restarts = 0  # Bumped when workers are replaced; parts then resend their work.
     self._stash: list[list[tuple]] = [[] for _ in range(self.num_workers)]
     self.load = [0] * self.num_workers  # Elements outstanding per worker.
