@@ -24,6 +24,7 @@ only a killed worker can have left behind.
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import multiprocessing
 import multiprocessing.connection
@@ -347,6 +348,8 @@ class _WorkerPool:
     self.restarts = 0  # Bumped when workers are replaced; parts then resend their work.
     self._stash: list[list[tuple]] = [[] for _ in range(self.num_workers)]
     self.load = [0] * self.num_workers  # Elements outstanding per worker.
+    # Per worker, the tasks sent and not yet answered, oldest (the one it computes) first.
+    self._tasks: list[collections.deque] = [collections.deque() for _ in range(self.num_workers)]
     self._released: list[list[str]] = [[] for _ in range(self.num_workers)]
     self.error: BaseException | None = None
     self._stopping = False  # Workers that must be stopped before any start (see restart).
@@ -404,6 +407,7 @@ class _WorkerPool:
     self._stopping = True
     self._released = [[] for _ in range(self.num_workers)]
     self.load = [0] * self.num_workers
+    self._tasks = [collections.deque() for _ in range(self.num_workers)]
     _shutdown(self.procs, self.conns, self.prefix, self._stash)  # Empties the stashes in place.
     self._stopping = False
 
@@ -413,6 +417,7 @@ class _WorkerPool:
     released, self._released[w] = self._released[w], []
     self._send(w, ("task", leaf, gen, c, start, stop, released))
     self.load[w] += stop - start
+    self._tasks[w].append((leaf, gen, c, start, stop))
     return w
 
   def _send(self, w: int, msg: tuple) -> None:
@@ -424,9 +429,14 @@ class _WorkerPool:
   def raise_dead(self, w: int) -> None:
     proc = self.procs[w]
     proc.join(0.1)
+    if self._tasks[w]:  # What the user's code was given: where to look (a map that crashes there?).
+      leaf, _, _, start, stop = self._tasks[w][0]
+      what = f"before returning positions {start}..{stop - 1} of {self.leaves[leaf]!r}"
+    else:
+      what = f"while computing {self.leaves[0]!r}"
     raise WorkerError(
         f"Worker {w} (pid {proc.pid}) exited unexpectedly with exit code "
-        f"{proc.exitcode} while computing {self.leaves[0]!r}. A negative code is the "
+        f"{proc.exitcode} {what}. A negative code is the "
         "signal that killed it (-9: SIGKILL, often the out-of-memory killer). This iterator cannot go on; "
         "to resume after the last element it gave, restore its get_state() into a new iterator.")
 
@@ -457,6 +467,7 @@ class _WorkerPool:
         self.raise_dead(w)
       if msg[0] == "fatal":
         raise _revived(msg[2], f"Worker {w} (pid {proc.pid}) failed to start:\n{msg[1]}")
+      self._answered(w, msg)
       if msg[1] != leaf:
         stash.append(msg)
         continue
@@ -464,6 +475,14 @@ class _WorkerPool:
         self.release(w, msg[_DESC])
         continue
       return msg
+
+  def _answered(self, w: int, msg: tuple) -> None:
+    """Forgets the task `msg` answers (a worker answers its tasks in order)."""
+    tasks, key = self._tasks[w], (msg[1], msg[2], msg[3])
+    for k, task in enumerate(tasks):
+      if task[:3] == key:
+        del tasks[k]
+        return
 
   def release(self, w: int, desc: tuple) -> None:
     ipc.release(desc)

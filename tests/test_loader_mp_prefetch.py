@@ -205,7 +205,8 @@ def test_killed_worker_is_reported(files):
   next(it)
   pids = _producer(it).worker_pids
   os.kill(pids[1], signal.SIGKILL)
-  with pytest.raises(loader.WorkerError, match=r"exited unexpectedly with exit code -9"):
+  with pytest.raises(loader.WorkerError, match=r"exited unexpectedly with exit code -9 before returning "
+                                              r"positions (\d+)\.\.\1 of MapDataset"):
     for _ in it:
       pass
   assert not _wait_dead(pids)
