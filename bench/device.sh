@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 11 item 6 in one call on a lent accelerator machine (never in CI):
-#   bench/device.py, examples/train_jax.py (with a checkpoint resume), then
+#   bench/device.py, bench/diag_threads.py, examples/train_jax.py (with a checkpoint resume), then
 #   bench/load.py's loader / Grain-batched / raw rows at that machine's core count.
 # Wheels the machine lacks (array-record, grain, crc32c, portpicker) travel in
 # .whl/ (see bench/README.md, "Accelerator"). Logs and JSON go to $OUT.
@@ -33,6 +33,9 @@ EOF
 
 stage "bench/device.py"
 timeout 240 python3 bench/device.py --json "$OUT/device.json" ${DEVICE_ARGS:-} 2>&1 | tee "$OUT/device.log"
+
+stage "bench/diag_threads.py (the N-copies ceiling for the worker scaling above)"
+timeout 120 python3 bench/diag_threads.py 2>&1 | tee "$OUT/diag_threads.log"
 
 stage "examples/train_jax.py"
 rm -rf /tmp/ckpt
