@@ -83,6 +83,7 @@ def main(argv=None) -> int:
   p.add_argument("--seconds", type=float, default=2.5)
   p.add_argument("--data", default=os.path.join(common.REPO_ROOT, "bench", "data", "device"))
   p.add_argument("--copies", default="1,8,16")
+  p.add_argument("--skip-variants", action="store_true", help="Only the N-copies ceiling.")
   p.add_argument("--child")
   args = p.parse_args(argv)
   if args.child:
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
     return 0
   cores = os.cpu_count()
   results = {"cores": cores, "variants": {}, "copies": {}}
-  for name, spec in VARIANTS.items():
+  for name, spec in ({} if args.skip_variants else VARIANTS).items():
     r = run([{**spec, "data": args.data, "seconds": args.seconds}], 60)[0]
     results["variants"][name] = r
     print(f"{name:<28} {r}", flush=True)
