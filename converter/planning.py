@@ -229,7 +229,7 @@ def _check_name_length(path: str) -> None:
 
 
 def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list[str],
-                     run_id: str | None) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+                     run_id: str | None) -> tuple[dict[str, dict[str, Any]], dict[str, Any], str | None]:
   """Applies the `existing` policy to a manifest.json already in the output directory.
 
   Every run replaces manifest.json (first by the marker of a run in progress,
@@ -243,7 +243,7 @@ def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list
   Returns:
     ({output: earlier manifest entry} of shards a resume may keep, with what
     that manifest said of them; {output: identity it had when an unfinished
-    run planned to replace it}).
+    run planned to replace it}; the writer options that manifest records).
   """
   found: FoundManifest | None = find_manifest(options.output_dir)
   marker = found.manifest if found is not None and found.kind == "incomplete" else None
@@ -252,12 +252,12 @@ def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list
   if marker is not None and not own and ondisk.marker_run_alive(marker):
     raise ConcurrentRunError(found.path, ondisk.marker_run(marker))
   if found is None or options.existing == "overwrite":
-    return {}, {}
+    return {}, {}, None
   if found.kind == "foreign":
     raise ForeignManifestError(found.path, found.problem)
   # The marker of a run that wrote or kept no shard at all guards nothing.
   if marker is not None and not own and not any(_writer.exists(s["output"]) for s in marker["shards"]):
-    return {}, {}
+    return {}, {}, None
   if options.existing == "error" and not own:
     if marker is not None:
       raise UnfinishedRunError(found.path, ondisk.unfinished_run_message(found.path, marker))
@@ -265,18 +265,20 @@ def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list
       raise OutputExistsError(existing)
     raise ManifestExistsError(found.path, None)
   if found.kind == "damaged":
-    return {}, {}  # Kept shards are rebuilt from their files, so nothing is lost.
+    return {}, {}, None  # Kept shards are rebuilt from their files, so nothing is lost.
   planned = set(outputs)
   shards = found.manifest["shards"]
   dropped = sorted(s["output"] for s in shards if s["output"] not in planned)
   if dropped:
     raise ManifestExistsError(found.path, dropped)
+  written_with = found.manifest.get("writer_options")
+  written_with = written_with if isinstance(written_with, str) else None
   if marker is None:
-    return {s["output"]: s for s in shards if s.get("status") != "failed"}, {}
+    return {s["output"]: s for s in shards if s.get("status") != "failed"}, {}, written_with
   previous = {s["output"]: s for s in shards if s.get("status") == "existing"}
   stale = {s["output"]: s.get("replaces") for s in shards
            if s.get("status") == "pending" and s.get("replaces") is not None}
-  return previous, stale
+  return previous, stale, written_with
 
 
 def _real(path: str) -> str:
@@ -297,7 +299,9 @@ def _file_key(path: str) -> tuple[int, int] | None:
 def _same_input(entry: dict[str, Any] | None, path: str) -> bool:
   """Whether an earlier manifest's entry for a kept output was converted from `path`.
 
-  The same file, or one of the same name and size (the inputs moved since).
+  The same file; a copy of it (same size, same first and last MiB); or, where
+  the recorded input is gone (the inputs moved since), one of the same name
+  and size.
   Without an entry (a run killed before its manifest) it cannot be told: the
   output is kept, as it is what a resume keeps.
   """
@@ -306,9 +310,35 @@ def _same_input(entry: dict[str, Any] | None, path: str) -> bool:
     return True
   if _real(before) == _real(path):
     return True
+  if _writer.exists(before):
+    # Still there: a copy of it (same bytes), or another file of the same
+    # name and size (another split's shard, say).
+    return _same_ends(before, path)
   size = (entry or {}).get("bytes_in")
   return (posixpath.basename(before) == posixpath.basename(path) and isinstance(size, int)
           and size == _writer.file_size(path))
+
+
+_END_BYTES = 1 << 20
+
+
+def _same_ends(a: str, b: str) -> bool:
+  """Whether two local files have the same size and the same first and last MiB (a copy); False for remote ones."""
+  if not (_writer.is_local(a) and _writer.is_local(b)):
+    return False
+  try:
+    size = os.path.getsize(a)
+    if size != os.path.getsize(b):
+      return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+      if fa.read(_END_BYTES) != fb.read(_END_BYTES):
+        return False
+      tail = max(0, size - _END_BYTES)
+      fa.seek(tail)
+      fb.seek(tail)
+      return fa.read() == fb.read()
+  except OSError:
+    return False
 
 
 def _still_stale(path: str, planned_identity: Any) -> bool:
@@ -361,7 +391,7 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
       _check_output_slot(o)
     seen[o] = i
   existing = [o for o in outputs if _writer.exists(o)]
-  previous, stale = _manifest_policy(options, outputs, existing, run_id)
+  previous, stale, written_with = _manifest_policy(options, outputs, existing, run_id)
   if existing and options.existing == "error":
     raise OutputExistsError(existing)
   plans = []
@@ -384,6 +414,11 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
     if foreign:
       raise OutputExistsError(foreign, "are not ArrayRecord files, so --skip-existing can neither keep "
                                        "nor replace them")
+  if complete and written_with is not None and written_with != options.writer_options:
+    raise OutputExistsError(sorted(complete), (
+        f"were written with --writer-options {written_with!r} (manifest.json says so), not this run's "
+        f"{options.writer_options!r}, so --skip-existing would mix the two in one dataset; rerun with "
+        f"--writer-options {written_with!r} to resume"))
   others = [f"{o} (from {previous[o]['input']}, not {i})" for i, o in zip(inputs, outputs)
             if o in complete and not _same_input(previous.get(o), i)]
   if others:

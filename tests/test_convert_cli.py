@@ -346,3 +346,34 @@ def test_skip_existing_keeps_only_outputs_of_the_same_inputs(tmp_path, dataset, 
   assert convert.main(["--input", str(other / "*"), *base]) == 2
   assert "were converted from other inputs, as the manifest says" in capsys.readouterr().err
   assert mtimes(out) == before
+
+
+def test_skip_existing_refuses_another_splits_shards_of_the_same_names_and_sizes(tmp_path, tf_write, capsys):
+  """train/ and eval/ shards with one name and size each: eval's run must not keep train's outputs as its own."""
+  for split, payload in (("train", b"a"), ("eval", b"b")):
+    for k in range(2):
+      tf_write(str(tmp_path / split / f"data.tfrecord-{k:05d}-of-00002"), [payload * 100] * 3)
+  out = tmp_path / "out"
+  base = ["--output", str(out), "--quiet", "--workers", "1"]
+  assert convert.main(["--input", str(tmp_path / "train" / "*"), *base]) == 0
+  before = mtimes(out)
+  capsys.readouterr()
+  assert convert.main(["--input", str(tmp_path / "eval" / "*"), *base, "--skip-existing"]) == 2
+  assert "were converted from other inputs, as the manifest says" in capsys.readouterr().err
+  assert mtimes(out) == before
+
+
+def test_skip_existing_refuses_to_mix_writer_options(tmp_path, dataset, capsys):
+  inp, recs = dataset
+  out = tmp_path / "out"
+  base = ["--input", str(inp / "*"), "--output", str(out), "--quiet", "--workers", "1"]
+  assert convert.main(base) == 0
+  os.remove(out / out_name(sorted(recs)[0]))
+  before = mtimes(out)
+  capsys.readouterr()
+  assert convert.main(base + ["--skip-existing", "--writer-options", "group_size:64"]) == 2
+  err = capsys.readouterr().err
+  assert "were written with --writer-options 'group_size:1' (manifest.json says so), not this run's " \
+         "'group_size:64'" in err and "rerun with --writer-options 'group_size:1' to resume" in err
+  assert mtimes(out) == before
+  assert convert.main(base + ["--skip-existing"]) == 0
