@@ -137,15 +137,28 @@ def parse_manifest(data: bytes | str, path: str, *, incomplete_ok: bool = False)
   if fmt != MANIFEST_FORMAT:
     raise ManifestError(f"{path} is not an arrayrecord-toolkit manifest (format={fmt!r}, "
                         f"expected {MANIFEST_FORMAT!r}); move it out of the dataset directory.")
+  version = manifest.get("version", 1)
+  if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+    raise ManifestError(f"{path} has version {version!r}, expected an int from 1 to {MANIFEST_VERSION}; {redo}.")
+  if version > MANIFEST_VERSION:
+    raise ManifestError(f"{path} has version {version}, newer than this arrayrecord-toolkit reads (up to "
+                        f"{MANIFEST_VERSION}); upgrade arrayrecord-toolkit.")
   unfinished = manifest.get("status") == INCOMPLETE
   if unfinished and not incomplete_ok:
     raise IncompleteManifestError(path, manifest)
   shards = manifest.get("shards")
   if not isinstance(shards, list):
     raise ManifestError(f"{path} has no 'shards' list; {redo}.")
+  seen: dict[str, int] = {}
   for i, s in enumerate(shards):
     if not isinstance(s, dict) or not isinstance(s.get("output"), str) or not s["output"]:
       raise ManifestError(f"{path}: shard {i} needs 'output' (a path), got {s!r}; {redo}.")
+    if s["output"] in seen:  # Read twice, its records would count twice.
+      raise ManifestError(f"{path}: shards {seen[s['output']]} and {i} both name {s['output']!r}; {redo}.")
+    seen[s["output"]] = i
+    if "input" in s and not isinstance(s["input"], str):
+      raise ManifestError(f"{path}: shard {i} ({s['output']}) has 'input' {s['input']!r}, expected a path; "
+                          f"{redo}.")
     if unfinished:
       continue  # A marker's entries are plans ('pending') or kept shards, checked when resumed.
     status = s.get("status", "converted")

@@ -329,3 +329,20 @@ def test_directory_whose_manifest_marks_an_unfinished_conversion_is_refused(tmp_
     assert message.startswith(f"{tmp_path}/manifest.json marks a conversion (an --overwrite run) that {said} "
                               f"(pid {dead.pid} on host {host}, started 2026-01-01T00:00:00+00:00)")
     assert "--skip-existing instead of --overwrite" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.update(version="2"), r"has version '2', expected an int from 1 to 2"),
+    (lambda m: m.update(version=3), r"has version 3, newer than this arrayrecord-toolkit reads \(up to 2\); upgrade"),
+    (lambda m: m["shards"][0].update(input=5), r"shard 0 \(.*\) has 'input' 5, expected a path"),
+    (lambda m: m["shards"].append(dict(m["shards"][0])), r"shards 0 and 2 both name "),
+])
+def test_hand_edited_manifests_are_refused_in_one_line(tmp_path, edit, message):
+  write_array_records(tmp_path, 2, 3)
+  shards = [{"output": n, "records": 3, "status": "converted", "input": f"in-{n}"}
+            for n in sorted(os.listdir(tmp_path))]
+  manifest = {"format": "arrayrecord-toolkit/manifest", "version": 2, "shards": shards}
+  edit(manifest)
+  (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+  with pytest.raises(ValueError, match=message):
+    loader.ArrayRecordSource(str(tmp_path))
