@@ -77,7 +77,7 @@ class _GlobFilter:
       out = out.rstrip("/")
       if out.startswith(base.rstrip("/") + "/"):
         self._skip = out + "/"  # Strictly inside the listed folder: never the inputs' own folder.
-      elif scheme == "":
+      else:
         # Converting in place (or into a folder above the inputs): ArrayRecord
         # files there are outputs, of this run's interrupted start for one.
         self._converted_in = out + "/"
@@ -88,7 +88,9 @@ class _GlobFilter:
     rest = split_uri(path)[1].rstrip("/")
     if self._skip is not None and (rest + "/").startswith(self._skip):
       return False
+    # A gs:// object is read (a request each) only where its name is an output's.
     if (self._converted_in is not None and rest.startswith(self._converted_in)
+        and (self._scheme == "" or "array_record" in posixpath.basename(rest))
         and _starts_as_array_record(path)):
       return False
     got = rest.split("/")[self._fixed:]

@@ -248,3 +248,22 @@ def test_multi_processing_direct_runner_on_gcs(gcs):
                                     "--direct_num_workers=2"])
   manifest = _check_outputs(gcs, out)
   assert manifest["totals"]["converted"] == len(SHARDS)
+
+
+def test_converting_in_place_on_gcs_resumes(gcs):
+  """Outputs in the inputs' own folder: the same wildcard later lists them, and they are not inputs."""
+  from pipelines import convert
+  folder = f"{B}/inplace"
+  names = ["a.tfrecord-00000-of-00002", "a.tfrecord-00001-of-00002"]
+  for name in names:
+    local = write_tfrecords_tf(os.path.join(gcs["folder"], "inplace", name), _records(name, 5), None)
+    emu.upload(local, f"{folder}/{name}")
+  args = ["--input", f"{folder}/*", "--output", folder, "--quiet", "--project", emu.PROJECT]
+  assert convert.run(args)["totals"]["converted"] == 2
+  emu.client().bucket(emu.BUCKET).blob(f"inplace/{_out_name(names[1])}").delete()
+  manifest = convert.run(args + ["--skip-existing"])
+  assert sorted((os.path.basename(s["input"]), s["status"]) for s in manifest["shards"]) == [
+      (names[0], "existing"), (names[1], "converted")]
+  for name in names:
+    local = emu.download(f"{folder}/{_out_name(name)}", os.path.join(gcs["folder"], "dl-inplace", name))
+    assert read_array_record(local) == _records(name, 5)
