@@ -107,17 +107,19 @@ def service_account(value: str) -> str:
   return value
 
 
-def subnetwork(value: str, job_region: str, worker_location: bool) -> str:
-  """'regions/R/subnetworks/S' or the full URL; its region must be the job's."""
+def subnetwork(value: str, job_region: str, worker_region: str | None = None) -> str:
+  """'regions/R/subnetworks/S' or the full URL; its region must be the workers' (the job's by default)."""
+  where = worker_region or job_region
   m = _SUBNETWORK_RE.search(value)
   if not m:
     raise FlagError(f"--subnetwork {value!r} is not a subnetwork path: use "
-                    f"regions/{job_region}/subnetworks/NAME or https://www.googleapis.com/"
-                    f"compute/v1/projects/HOST_PROJECT/regions/{job_region}/subnetworks/NAME.")
-  if m.group(1) != job_region and not worker_location:
-    raise FlagError(f"--subnetwork {value!r} is in region {m.group(1)!r} but the job runs "
-                    f"in --region {job_region!r}; use a subnetwork of {job_region} (or set "
-                    f"--worker_region {m.group(1)}).")
+                    f"regions/{where}/subnetworks/NAME or https://www.googleapis.com/"
+                    f"compute/v1/projects/HOST_PROJECT/regions/{where}/subnetworks/NAME.")
+  if m.group(1) != where:
+    runs = (f"the workers run in {where!r} (--worker_region / --worker_zone)" if worker_region
+            else f"the job runs in --region {job_region!r}")
+    raise FlagError(f"--subnetwork {value!r} is in region {m.group(1)!r} but {runs}; use a subnetwork "
+                    f"of {where} (or set --worker_region {m.group(1)}).")
   return value
 
 
@@ -130,4 +132,66 @@ def network(value: str) -> str:
 def positive(value: int | None, flag: str) -> int | None:
   if value is not None and value < 1:
     raise FlagError(f"{flag} must be a positive number of workers, got {value}.")
+  return value
+
+
+_MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)+$")
+_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+
+def machine_type(value: str) -> str:
+  """A Compute Engine machine type such as 'n2-standard-4' or 'custom-4-16384'."""
+  if not _MACHINE_TYPE_RE.match(value):
+    hint = f" (machine types are lower case: {value.lower()!r})" if _MACHINE_TYPE_RE.match(value.lower()) else ""
+    raise FlagError(f"--machine_type {value!r} is not a machine type{hint}; e.g. --machine_type n2-standard-4.")
+  return value
+
+
+def container_image(value: str) -> str:
+  if not value.strip() or any(c.isspace() for c in value):
+    raise FlagError(f"--sdk_container_image {value!r} is not a container image path "
+                    "(e.g. us-docker.pkg.dev/my-project/images/beam-worker:1.0).")
+  return value
+
+
+def worker_zone(value: str) -> str:
+  if not _ZONE_RE.match(value):
+    example = f"{value}-b" if _REGION_RE.match(value) else "us-central1-b"
+    what = "a region" if _REGION_RE.match(value) else "not a zone"
+    raise FlagError(f"--worker_zone {value!r} is {what}; give a zone (e.g. --worker_zone {example}), "
+                    "or a region with --worker_region.")
+  return value
+
+
+def worker_region(value: str) -> str:
+  if _ZONE_RE.match(value):
+    raise FlagError(f"--worker_region {value!r} is a zone; give --worker_region {value.rsplit('-', 1)[0]}, "
+                    f"or --worker_zone {value} to pin the workers to that zone.")
+  if not _REGION_RE.match(value):
+    raise FlagError(f"--worker_region {value!r} is not a Google Cloud region (e.g. us-central1).")
+  return value
+
+
+def labels(values: list[str]) -> list[str]:
+  """Beam's --labels KEY=VALUE: Google Cloud label rules (lower case, digits, '_' and '-')."""
+  for item in values:
+    key, _, value = item.partition("=")
+    if not _LABEL_KEY_RE.match(key) or not _LABEL_VALUE_RE.match(value):
+      raise FlagError(f"--labels {item!r} is not a valid label: keys start with a lower-case letter, and "
+                      "keys and values hold at most 63 lower-case letters, digits, '_' or '-' "
+                      "(e.g. --labels team=ml-research).")
+  return values
+
+
+def positive_int(value: str | None, flag: str) -> str | None:
+  """A Beam pass-through flag that must be a positive integer (Beam accepts any int)."""
+  if value is None:
+    return None
+  try:
+    number = int(value)
+  except ValueError:
+    number = 0
+  if number < 1:
+    raise FlagError(f"{flag} must be a positive integer, got {value!r}.")
   return value

@@ -20,6 +20,7 @@ from typing import Sequence
 from converter import ConvertOptions
 from dataflow import checks, staging
 from dataflow.checks import FlagError
+from pipelines import build
 from pipelines import cli
 
 PROG = "arrayrecord-dataflow"
@@ -146,12 +147,42 @@ def default_job_name(now: datetime.datetime | None = None) -> str:
 
 def flag_value(extra: Sequence[str], name: str) -> str | None:
   """The value of --name in Beam's extra flags (`--name=v` or `--name v`)."""
+  values = flag_values(extra, name)
+  return values[0] if values else None
+
+
+def flag_values(extra: Sequence[str], name: str) -> list[str]:
+  """Every value of --name in Beam's extra flags, in order."""
+  found = []
   for i, arg in enumerate(extra):
     if arg == f"--{name}" and i + 1 < len(extra):
-      return extra[i + 1]
-    if arg.startswith(f"--{name}="):
-      return arg.split("=", 1)[1]
-  return None
+      found.append(extra[i + 1])
+    elif arg.startswith(f"--{name}="):
+      found.append(arg.split("=", 1)[1])
+  return found
+
+
+def _check_worker_settings(args: argparse.Namespace, extra: Sequence[str]) -> None:
+  """What Dataflow would reject only at submission, after staging: checked offline."""
+  if args.machine_type is not None:
+    checks.machine_type(args.machine_type)
+  if args.sdk_container_image is not None:
+    checks.container_image(args.sdk_container_image)
+  for zone in flag_values(extra, "worker_zone") + flag_values(extra, "zone"):
+    checks.worker_zone(zone)
+  for region in flag_values(extra, "worker_region"):
+    checks.worker_region(region)
+  checks.labels(flag_values(extra, "labels") + flag_values(extra, "label"))
+  for name in ("disk_size_gb", "number_of_worker_harness_threads", "num_workers"):
+    for value in flag_values(extra, name):
+      checks.positive_int(value, f"--{name}")
+
+
+def _worker_location_region(extra: Sequence[str]) -> str | None:
+  """The region the workers run in when --worker_region or --worker_zone pins them."""
+  region = flag_value(extra, "worker_region")
+  zone = flag_value(extra, "worker_zone") or flag_value(extra, "zone")
+  return region or (zone.rsplit("-", 1)[0] if zone else None)
 
 
 def _check_extra(extra: Sequence[str]) -> list[str]:
@@ -178,8 +209,11 @@ def _check_extra(extra: Sequence[str]) -> list[str]:
   level = beam_log.level
   beam_log.setLevel(logging.ERROR)  # Its "Discarding unparseable args" would be a 2nd line.
   try:
-    known = opts.get_all_options(retain_unknown_options=False)
-    unknown = sorted(set(opts.get_all_options(retain_unknown_options=True)) - set(known))
+    with build.beam_option_errors():
+      known = opts.get_all_options(retain_unknown_options=False)
+      unknown = sorted(set(opts.get_all_options(retain_unknown_options=True)) - set(known))
+  except build.PipelineOptionError as e:
+    raise FlagError(str(e)) from None
   finally:
     beam_log.setLevel(level)
   if unknown:
@@ -251,9 +285,10 @@ def parse(argv: Sequence[str]) -> Request:
   if args.network is not None:
     checks.network(args.network)
   extra = _check_extra(extra)
+  _check_worker_settings(args, extra)
   if args.subnetwork is not None:
-    pinned = any(flag_value(extra, f) for f in ("worker_region", "worker_zone"))
-    checks.subnetwork(args.subnetwork, args.region, pinned)
+    workers_in = _worker_location_region(extra)
+    checks.subnetwork(args.subnetwork, args.region, workers_in)
   checks.positive(args.max_num_workers, "--max_num_workers")
   try:
     convert = cli.converter_options(args, output_dir=output_dir)

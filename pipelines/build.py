@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Iterable, Sequence
+import io
+import sys
+from typing import Iterable, Iterator, Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -11,11 +14,47 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from converter import ConvertOptions, ConvertToArrayRecord, MatchFiles
 
 
+class PipelineOptionError(ValueError):
+  """A Beam pipeline option whose value Beam's parser refuses."""
+
+
+@contextlib.contextmanager
+def beam_option_errors() -> Iterator[None]:
+  """Turns Beam's refusal of an option value into one PipelineOptionError line.
+
+  Beam parses its options with argparse, which prints its whole usage (~140
+  lines) before the one line that matters, and exits.
+  """
+  printed = io.StringIO()
+  try:
+    with contextlib.redirect_stderr(printed):
+      yield
+  except SystemExit as e:
+    if e.code in (0, None):
+      sys.stderr.write(printed.getvalue())
+      raise
+    lines = [line for line in printed.getvalue().splitlines() if line.strip()]
+    reason = lines[-1].split("error: ", 1)[-1] if lines else f"exit status {e.code}"
+    raise PipelineOptionError(
+        f"{reason} (a Beam pipeline option: "
+        "https://cloud.google.com/dataflow/docs/reference/pipeline-options)") from None
+  except BaseException:
+    sys.stderr.write(printed.getvalue())  # Anything else Beam printed, as it printed it.
+    raise
+  sys.stderr.write(printed.getvalue())
+
+
 def pipeline_options(beam_args: Sequence[str], default_runner: str = "DirectRunner") -> PipelineOptions:
-  """PipelineOptions from explicit flags (never sys.argv), DirectRunner by default."""
-  opts = PipelineOptions(list(beam_args))
-  if not opts.view_as(StandardOptions).runner:
-    opts.view_as(StandardOptions).runner = default_runner
+  """PipelineOptions from explicit flags (never sys.argv), DirectRunner by default.
+
+  Raises:
+    PipelineOptionError: Beam refuses a flag's value (one line).
+  """
+  with beam_option_errors():
+    opts = PipelineOptions(list(beam_args))
+    opts.get_all_options()  # Parsed now, so a bad value fails here, in one line.
+    if not opts.view_as(StandardOptions).runner:
+      opts.view_as(StandardOptions).runner = default_runner
   return opts
 
 

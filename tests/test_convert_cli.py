@@ -377,3 +377,12 @@ def test_skip_existing_refuses_to_mix_writer_options(tmp_path, dataset, capsys):
          "'group_size:64'" in err and "rerun with --writer-options 'group_size:1' to resume" in err
   assert mtimes(out) == before
   assert convert.main(base + ["--skip-existing"]) == 0
+
+
+def test_a_beam_option_with_a_bad_value_is_one_line(tmp_path, dataset, capsys):
+  inp, _ = dataset
+  argv = ["--input", str(inp / "*"), "--output", str(tmp_path / "out"), "--direct_running_mode", "bogus"]
+  assert convert.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "argument --direct_running_mode: invalid choice: 'bogus'" in err, err
+  assert not (tmp_path / "out").exists()

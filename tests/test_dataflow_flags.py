@@ -83,6 +83,22 @@ BAD = [
     (GOOD + ["gs://my-bucket/tfr/other-*"], "Unexpected argument(s) 'gs://my-bucket/tfr/other-*'"),
     (GOOD + ["--num_workers=9", "--max_num_workers=3"], "num_workers (9) cannot exceed max_num_workers (3)"),
     (GOOD + ["--setup_file", "/nonexistent/setup.py"], "--setup_file '/nonexistent/setup.py' is not"),
+    # Beam's own parser refuses the value: its one line, not its ~140-line usage.
+    (GOOD + ["--flexrs_goal", "CHEAP"], "argument --flexrs_goal: invalid choice: 'CHEAP' (choose from "
+                                        "'COST_OPTIMIZED', 'SPEED_OPTIMIZED')"),
+    (GOOD + ["--autoscaling_algorithm", "FOO"], "argument --autoscaling_algorithm: invalid choice: 'FOO'"),
+    # What Dataflow would reject only after staging.
+    (GOOD + ["--worker_zone", "us-central1"], "--worker_zone 'us-central1' is a region; give a zone"),
+    (GOOD + ["--worker_region", "europe-west4-a"], "--worker_region 'europe-west4-a' is a zone"),
+    (GOOD + ["--labels", "Team=ML Research"], "--labels 'Team=ML Research' is not a valid label"),
+    (GOOD + ["--labels", "team=ML"], "--labels 'team=ML' is not a valid label"),
+    (GOOD + ["--disk_size_gb", "-5"], "--disk_size_gb must be a positive integer, got '-5'"),
+    (GOOD + ["--number_of_worker_harness_threads", "-1"], "--number_of_worker_harness_threads must be a positive"),
+    (GOOD + ["--machine_type", "N2-STANDARD-4"], "(machine types are lower case: 'n2-standard-4')"),
+    (GOOD + ["--machine_type", "bogus"], "--machine_type 'bogus' is not a machine type"),
+    (GOOD + ["--sdk_container_image", "not an image"], "is not a container image path"),
+    (GOOD + ["--subnetwork", "regions/europe-west4/subnetworks/s1", "--worker_zone", "us-east1-b"],
+     "but the workers run in 'us-east1' (--worker_region / --worker_zone)"),
 ]
 
 
