@@ -18,6 +18,7 @@ Dry run, in Beam's own steps:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Sequence
@@ -25,6 +26,7 @@ from typing import Sequence
 from apache_beam.options.pipeline_options import (GoogleCloudOptions, PipelineOptions, SetupOptions,
                                                   TestOptions)
 from apache_beam.runners.dataflow.internal import apiclient
+from apache_beam.utils import retry
 
 TESTED_BEAM_VERSION = "2.77"
 # Appended to the flags of a dry run: no credentials, no submission, and no
@@ -49,6 +51,14 @@ def check_options(beam_args: Sequence[str]) -> list[str]:
   return PipelineOptionsValidator(options, DataflowRunner()).validate()
 
 
+class DryRunWriteError(retry.PermanentException):
+  """A staged file of a dry run could not be written (Beam does not retry this one)."""
+
+  def __init__(self, path: str, error: OSError):
+    super().__init__(f"{path}: {error.strerror or error}")
+    self.error = error
+
+
 class _LocalStagingClient(apiclient.DataflowApplicationClient):
   """A Dataflow client whose uploads land in a local folder, keyed by gs:// URL."""
 
@@ -60,8 +70,16 @@ class _LocalStagingClient(apiclient.DataflowApplicationClient):
   def stage_file(self, gcs_or_local_path, file_name, stream,
                  mime_type="application/octet-stream", total_size=None):
     local = os.path.join(self._local_dir, os.path.basename(file_name))
-    with open(local, "wb") as f:
-      f.write(stream.read())
+    tmp = f"{local}.tmp-{os.getpid()}"
+    try:  # Under its final name only once whole.
+      with open(tmp, "wb") as f:
+        f.write(stream.read())
+      os.replace(tmp, local)
+    except OSError as e:
+      with contextlib.suppress(OSError):
+        os.remove(tmp)
+      # Permanent: Beam would retry a write to a full or read-only disk for minutes.
+      raise DryRunWriteError(local, e) from e
     self.staged[gcs_or_local_path.rstrip("/") + "/" + file_name] = local
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import sys
 from typing import Sequence
 
@@ -25,6 +26,7 @@ if __name__ == "__main__":  # `python -m`: a missing extra in one line, as the c
   from pipelines import entry_points  # pylint: disable=g-import-not-at-top
   entry_points.exit_if_extra_missing(__spec__.name if __spec__ else "")
 
+from converter import ConversionError
 from dataflow import flags
 from dataflow.checks import FlagError
 from pipelines import build, cli
@@ -119,13 +121,35 @@ def check_tfds_dataset(request: flags.Request):
   return plan
 
 
+class DryRunError(ConversionError):
+  """The dry run's folder could not be written; it is left as it was (empty or absent)."""
+
+
 def dry_run(request: flags.Request) -> Submission:
-  """Writes the job request and staged files to request.dry_run_dir; no network."""
+  """Writes the job request and staged files to request.dry_run_dir; no network.
+
+  Raises:
+    DryRunError: the folder cannot be written (read-only, full): what was
+      written is removed, so a rerun finds it as before.
+  """
   from dataflow import beam_internals
-  os.makedirs(request.dry_run_dir, exist_ok=True)
-  p = build_pipeline(request, beam_internals.DRY_RUN_FLAGS)
-  written = beam_internals.write_job_request(p, request.dry_run_dir, request.beam_args)
-  return Submission(job_name=request.job_name, dry_run_dir=request.dry_run_dir,
+  folder = request.dry_run_dir
+  created = not os.path.lexists(folder)  # Else it is empty: flags refuse a non-empty one.
+  try:
+    os.makedirs(folder, exist_ok=True)
+    p = build_pipeline(request, beam_internals.DRY_RUN_FLAGS)
+    written = beam_internals.write_job_request(p, folder, request.beam_args)
+  except (OSError, beam_internals.DryRunWriteError) as e:
+    reason = getattr(e, "error", e)
+    if created:
+      shutil.rmtree(folder, ignore_errors=True)
+    elif os.path.isdir(folder):
+      for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+    raise DryRunError(f"cannot write the dry run to {folder}: {getattr(reason, 'strerror', None) or reason}; "
+                      "nothing was left there. Free space there or pass another --dry-run-dir.") from None
+  return Submission(job_name=request.job_name, dry_run_dir=folder,
                     staged=written.staged, steps=written.steps)
 
 

@@ -232,3 +232,21 @@ def test_template_launch_writes_the_job_instead_of_starting_it(monkeypatch, caps
   assert submit.main(argv) == 0
   assert ("Wrote the job to gs://my-bucket/staging/launch/job_object; no job was started."
           in capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("how", ["full", "read-only"])
+def test_a_dry_run_folder_that_cannot_be_written_is_one_line_and_left_empty(dry_run, tmp_path, how):
+  import faults_testing as ft  # pylint: disable=g-import-not-at-top
+  where = str(tmp_path / "mnt")
+  with ft.tmpfs(where, "200k", read_only=how == "read-only"):
+    target = os.path.join(where, "dr")
+    argv = [*ARGV, "--dry-run", "--dry-run-dir", target]
+    proc = subprocess.run([sys.executable, "-m", "dataflow.submit", *argv], cwd=dry_run.clone,
+                          capture_output=True, text=True, timeout=240, env={**os.environ, "HOME": str(tmp_path)})
+    assert proc.returncode == 1, proc.stderr
+    # Only the sdist builder's progress lines ("* Building sdist...") come before the error's one line.
+    lines = [l for l in proc.stderr.strip().splitlines() if not l.startswith("* ")]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"arrayrecord-dataflow: error: cannot write the dry run to {target}"), proc.stderr
+    assert "nothing was left there" in lines[0]
+    assert os.listdir(where) == []  # No partial workflow.tar.gz: a rerun finds the folder as before.
