@@ -150,6 +150,23 @@ def _process_file(directory: Any) -> Any:
   return directory / f"process_{index}-of-{count}.json"
 
 
+def _missing_state_error(path: Any) -> ValueError:
+  """No file for this process: says which process files the checkpoint holds, and what to do."""
+  try:
+    present = sorted(p.name for p in path.parent.iterdir() if p.name.startswith("process_"))
+  except (OSError, AttributeError):
+    present = []
+  index, count = sharding.get_process_index_and_count()
+  if present:
+    held = f"the checkpoint holds {', '.join(present[:4])}{' ...' if len(present) > 4 else ''}"
+    fix = (f"it was saved by a job of another process count; restore it with as many processes as saved it, "
+           f"not {count}")
+  else:
+    held, fix = "the checkpoint holds no iterator state", "restore from a checkpoint that saved this data iterator"
+  return ValueError(f"No iterator state for this process ({index} of {count}): {path} does not exist; "
+                    f"{held}: {fix}.")
+
+
 def state_text(iterator: Any) -> str:
   state = iterator.get_state()
   if isinstance(state, (bytes, bytearray)):
@@ -178,7 +195,7 @@ async def background_load(directory: Any, set_state_fn: Callable[[str], None]) -
   import asyncio  # pylint: disable=g-import-not-at-top
   path = _process_file(directory)
   if not await asyncio.to_thread(path.exists):
-    raise ValueError(f"No iterator state for this process: {path} does not exist.")
+    raise _missing_state_error(path)
   _set_state_from_file(set_state_fn, path, await asyncio.to_thread(path.read_bytes))
 
 
@@ -233,7 +250,7 @@ class CheckpointHandler:
     item = item if item is not None else args.item
     path = _process_file(directory)
     if not path.exists():
-      raise ValueError(f"No iterator state for this process: {path} does not exist.")
+      raise _missing_state_error(path)
     _set_state_from_file(lambda text: set_state_text(item, text), path, path.read_bytes())
     start = getattr(item, "start_prefetch", None)
     if start is not None:

@@ -95,7 +95,15 @@ def test_handler_reads_files_of_grains_handler(tmp_path):
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
-  with pytest.raises(ValueError, match=r"No iterator state for this process: .*process_0-of-1.json does not exist"):
+  with pytest.raises(ValueError, match=r"No iterator state for this process \(0 of 1\): .*process_0-of-1.json does "
+                                       r"not exist; the checkpoint holds no iterator state: restore from"):
+    checkpoint.CheckpointHandler().restore(tmp_path, item=iter(_dataset()))
+  # Saved by a job of two processes.
+  (tmp_path / "process_0-of-2.json").write_text("{}")
+  (tmp_path / "process_1-of-2.json").write_text("{}")
+  with pytest.raises(ValueError, match=r"the checkpoint holds process_0-of-2.json, process_1-of-2.json: it was "
+                                       r"saved by a job of another process count; restore it with as many "
+                                       r"processes as saved it, not 1"):
     checkpoint.CheckpointHandler().restore(tmp_path, item=iter(_dataset()))
 
 
