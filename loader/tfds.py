@@ -265,6 +265,9 @@ def tfds_array_record_files(dataset_dir: str | os.PathLike, split: str) -> list[
   files = []
   for name in names:
     files += [_join(dataset_dir, r) for r in shard_relpaths(info, name, ARRAY_RECORD)]
+  if not files:  # A split TFDS lists with no shards (no examples): nothing to read.
+    raise ValueError(f"Split {split!r} of {dataset_dir} has no shards ({DATASET_INFO_NAME} lists none): "
+                     "it holds no examples to read.")
   if _is_local(dataset_dir):
     missing = [f for f in files if not os.path.exists(f)]
     if missing:

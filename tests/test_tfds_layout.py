@@ -56,6 +56,15 @@ def test_split_lists_and_errors(tmp_path):
     layout.tfds_array_record_files(d, "test")
 
 
+def test_a_split_without_shards_is_named(tmp_path):
+  d = str(tmp_path / "toy" / "1.0.0")
+  _write_info(d, [("train", [2], {}), ("empty", [], {})], alternativeFileFormats=["array_record"])
+  open(os.path.join(d, "toy-train.array_record-00000-of-00001"), "wb").close()
+  with pytest.raises(ValueError, match=r"Split 'empty' of .*toy/1.0.0 has no shards \(dataset_info.json lists none\)"):
+    layout.tfds_array_record_files(d, "empty")
+  assert len(layout.tfds_array_record_files(d, "train+empty")) == 1
+
+
 def test_not_a_dataset_dir(tmp_path):
   d = tmp_path / "toy" / "1.0.0"
   _write_info(str(d), [("train", [1], {})])
