@@ -102,7 +102,11 @@ class _GlobFilter:
 
 
 def _no_files_hint(pattern: str, query: str) -> str | None:
-  """Why a pattern may match nothing: a folder this user cannot list, or '[' meant literally."""
+  """Why a pattern may match nothing: a manifest named as an input, a folder this user cannot list, or '['."""
+  if posixpath.basename(query.rstrip("/")) == MANIFEST_NAME and not glob.has_magic(query):
+    return (f"{pattern} is a conversion's {MANIFEST_NAME}, not a TFRecord file: a shell that expands an "
+            "unquoted --input DIR/* passes it (and any outputs there) as inputs; quote the pattern "
+            "(--input 'DIR/*')")
   if split_uri(query)[0] == "" and glob.has_magic(query):
     parts = query.split("/")
     folder = "/".join(parts[:next(i for i, part in enumerate(parts) if glob.has_magic(part))]) or "/"

@@ -386,3 +386,16 @@ def test_a_beam_option_with_a_bad_value_is_one_line(tmp_path, dataset, capsys):
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "argument --direct_running_mode: invalid choice: 'bogus'" in err, err
   assert not (tmp_path / "out").exists()
+
+
+def test_a_manifest_passed_as_an_input_says_to_quote_the_pattern(tmp_path, dataset, capsys):
+  """`--input ip/*` unquoted, converting in place: the shell passes manifest.json and the outputs too."""
+  inp, recs = dataset
+  base = ["--output", str(inp), "--quiet", "--workers", "1"]
+  assert convert.main(["--input", str(inp / "*"), *base]) == 0
+  capsys.readouterr()
+  expanded = sorted(str(p) for p in inp.iterdir())
+  assert convert.main(["--input", *expanded, *base, "--skip-existing"]) == 2
+  err = capsys.readouterr().err
+  assert "manifest.json is a conversion's manifest.json, not a TFRecord file" in err
+  assert "quote the pattern (--input 'DIR/*')" in err
