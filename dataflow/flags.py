@@ -20,7 +20,6 @@ from typing import Sequence
 from converter import ConvertOptions
 from dataflow import checks, staging
 from dataflow.checks import FlagError
-from pipelines import build
 from pipelines import cli
 
 PROG = "arrayrecord-dataflow"
@@ -204,6 +203,8 @@ def _check_extra(extra: Sequence[str]) -> list[str]:
     raise FlagError(f"Unexpected argument(s) {' '.join(stray)!r}: give each input as "
                     "--input PATTERN and quote globs so the shell does not expand them.")
   from apache_beam.options.pipeline_options import PipelineOptions
+
+  from pipelines import build  # pylint: disable=g-import-not-at-top  # Beam: after the missing-extra check.
   opts = PipelineOptions(list(extra))
   beam_log = logging.getLogger("apache_beam.options.pipeline_options")
   level = beam_log.level
