@@ -172,7 +172,7 @@ def _check_worker_settings(args: argparse.Namespace, extra: Sequence[str]) -> No
   for region in flag_values(extra, "worker_region"):
     checks.worker_region(region)
   checks.labels(flag_values(extra, "labels") + flag_values(extra, "label"))
-  for name in ("disk_size_gb", "number_of_worker_harness_threads", "num_workers"):
+  for name in ("disk_size_gb", "number_of_worker_harness_threads"):
     for value in flag_values(extra, name):
       checks.positive_int(value, f"--{name}")
 
