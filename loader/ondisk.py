@@ -415,16 +415,7 @@ def remove_stale_temps(directory: str, *, also_own: bool = False) -> list[str]:
   be a live run's work. `also_own` also removes this process's temp files
   (after an interrupted run).
   """
-  me = this_process()
-  removed = []
-  for path, owner in temp_files(directory):
-    if is_alive(owner) is False or (also_own and owner == me):
-      try:
-        os.remove(path)
-        removed.append(path)
-      except FileNotFoundError:
-        pass
-  return removed
+  return _remove_stale(temp_files(directory), also_own=also_own)
 
 
 def remove_stale_temps_of(final_path: str) -> list[str]:
@@ -435,14 +426,25 @@ def remove_stale_temps_of(final_path: str) -> list[str]:
     names = os.listdir(directory)
   except OSError:
     return []
+  parsed = ((os.path.join(directory, name), parse_temp_name(name)) for name in names)
+  # A save goes on whatever stale file it cannot remove (another user's, say).
+  return _remove_stale([(path, p[1]) for path, p in parsed if p and p[0] == base], keep_going_on=OSError)
+
+
+def _remove_stale(temps: list[tuple[str, Owner]], *, also_own: bool = False,
+                  keep_going_on: type[OSError] = FileNotFoundError) -> list[str]:
+  """Removes those of `temps` whose owner is dead (or, with `also_own`, is this process); returns them.
+
+  A removal failing with `keep_going_on` is skipped; other errors propagate.
+  """
+  me = this_process()
   removed = []
-  for name in names:
-    parsed = parse_temp_name(name)
-    if parsed and parsed[0] == base and is_alive(parsed[1]) is False:
+  for path, owner in temps:
+    if is_alive(owner) is False or (also_own and owner == me):
       try:
-        os.remove(os.path.join(directory, name))
-        removed.append(os.path.join(directory, name))
-      except OSError:  # Gone meanwhile, or not ours to remove.
+        os.remove(path)
+        removed.append(path)
+      except keep_going_on:
         pass
   return removed
 
