@@ -17,6 +17,7 @@ consumer can sweep leftovers of a crashed worker from /dev/shm.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import mmap
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 import _posixshmem  # The POSIX shm calls SharedMemory uses, without its copy-on-close rules.
+from loader import ondisk
 
 _INLINE_LIMIT = 64 << 10  # Smaller payloads go through the pipe directly.
 _ALIGN = 64
@@ -302,19 +304,15 @@ def sweep_dead() -> int:
   if _swept_dead or not os.path.isdir(SHM_DIR):
     return 0
   _swept_dead = True
-  tag, removed = _namespace_tag(), 0
+  tag, here, removed = _namespace_tag(), ondisk.this_process(), 0
   for entry in os.listdir(SHM_DIR):
     m = _SEGMENT_RE.match(entry)
-    if not m or m[2] != tag or int(m[1]) == os.getpid():
+    if not m or m[2] != tag or int(m[1]) == here.pid:
       continue
-    try:
-      os.kill(int(m[1]), 0)
-    except ProcessLookupError:
+    if ondisk.is_alive(dataclasses.replace(here, pid=int(m[1]), start=0)) is False:
       try:
         _posixshmem.shm_unlink("/" + entry)
         removed += 1
       except OSError:  # Gone meanwhile, or another user's.
         pass
-    except PermissionError:  # Runs, as another user.
-      pass
   return removed
