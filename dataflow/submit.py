@@ -140,14 +140,17 @@ def dry_run(request: flags.Request) -> Submission:
     p = build_pipeline(request, beam_internals.DRY_RUN_FLAGS)
     written = beam_internals.write_job_request(p, folder, request.beam_args)
   except (OSError, beam_internals.DryRunWriteError) as e:
-    reason = getattr(e, "error", e)
+    error = e.error if isinstance(e, beam_internals.DryRunWriteError) else e
     if created:
       shutil.rmtree(folder, ignore_errors=True)
     elif os.path.isdir(folder):
       for name in os.listdir(folder):
         path = os.path.join(folder, name)
-        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
-    raise DryRunError(f"cannot write the dry run to {folder}: {getattr(reason, 'strerror', None) or reason}; "
+        if os.path.isdir(path):
+          shutil.rmtree(path, ignore_errors=True)
+        else:
+          os.remove(path)
+    raise DryRunError(f"cannot write the dry run to {folder}: {error.strerror or error}; "
                       "nothing was left there. Free space there or pass another --dry-run-dir.") from None
   return Submission(job_name=request.job_name, dry_run_dir=folder,
                     staged=written.staged, steps=written.steps)
