@@ -46,12 +46,7 @@ def child(spec: dict) -> dict:
     n = spec["read_threads"]
     engine.reading_threads = lambda num_threads, n=n: max(1, min(num_threads, n))
   ro = loader.ReadOptions(num_threads=spec["num_threads"]) if "num_threads" in spec else None
-  ds = (loader.MapDataset.source(loader.ArrayRecordSource(spec["data"])).shuffle(seed=0)
-        .map(train_jax.ParseAndNormalize()).batch(1024, drop_remainder=True).repeat()
-        .to_iter_dataset(ro))
-  if spec.get("workers"):
-    ds = ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=spec["workers"]))
-  it = iter(ds)
+  it = train_jax.make_iterator(spec["data"], 1024, spec.get("workers", 0), 0, read_options=ro)
   for _ in range(20):
     next(it)
   if spec.get("barrier"):  # Copies start their windows together.

@@ -75,7 +75,8 @@ class ParseAndNormalize:
     }
 
 
-def make_iterator(data_dir: str, batch_size: int, workers: int, seed: int) -> Any:
+def make_iterator(data_dir: str, batch_size: int, workers: int, seed: int,
+                  read_options: loader.ReadOptions | None = None) -> Any:
   """Builds the host input pipeline; returns a checkpointable iterator."""
   dataset = (
       loader.MapDataset.source(loader.ArrayRecordSource(data_dir))
@@ -83,7 +84,7 @@ def make_iterator(data_dir: str, batch_size: int, workers: int, seed: int) -> An
       .map(ParseAndNormalize())
       .batch(batch_size, drop_remainder=True)
       .repeat()
-      .to_iter_dataset()
+      .to_iter_dataset(read_options)
   )
   if workers > 0:
     dataset = dataset.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
