@@ -415,9 +415,10 @@ class _WorkerPool:
     """Sends a task to the least loaded worker; returns that worker."""
     w = min(range(self.num_workers), key=self.load.__getitem__)
     released, self._released[w] = self._released[w], []
+    # Recorded before sending: a worker found dead by this send never returns these positions either.
+    self._tasks[w].append((leaf, gen, c, start, stop))
     self._send(w, ("task", leaf, gen, c, start, stop, released))
     self.load[w] += stop - start
-    self._tasks[w].append((leaf, gen, c, start, stop))
     return w
 
   def _send(self, w: int, msg: tuple) -> None:

@@ -214,6 +214,25 @@ def test_killed_worker_is_reported(files):
     next(it)
 
 
+def test_worker_found_dead_when_sent_a_task_names_that_task():
+  # A worker killed while idle is found dead by the next send, not by a wait:
+  # the error still names the positions it was given (CI once saw "while computing").
+  from loader import mp_prefetch
+  pool = mp_prefetch._WorkerPool(loader.MultiprocessingOptions(num_workers=1), None)
+  leaf = pool.register(loader.MapDataset.range(10), 0)
+  pool.start()
+  try:
+    (proc,) = pool.procs
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    with pytest.raises(loader.WorkerError, match=r"exit code -9 before returning positions 3\.\.4 of "):
+      for _ in range(50):  # A send may land in the pipe's buffer once before the closed end shows.
+        pool.submit(leaf, 0, 0, 3, 5)
+        pool.receive(0, leaf, 0)
+  finally:
+    pool.close()
+
+
 _ORPHAN_SCRIPT = textwrap.dedent("""
     import sys, time
     import numpy as np
