@@ -9,7 +9,8 @@ which stages are random access). Workers are started with the 'spawn'
 method: fork would copy JAX/TensorFlow runtime threads and locks into the
 child, which can deadlock. The pipeline is sent with cloudpickle, so lambdas
 and locally defined functions work; as in Grain, workers run the script's
-top level first when it has a `__main__` guard, and never run a script
+top level first when it has a `__main__` guard (unless
+`MultiprocessingOptions(workers_run_main=False)`), and never run a script
 without one (see `workers_run_main`).
 
 Lifecycle. Workers ignore SIGINT (the parent decides when to stop), exit when
@@ -286,7 +287,7 @@ def _has_main_guard(path: str) -> bool:
   return False
 
 
-def workers_run_main(main: Any) -> bool:
+def workers_run_main(main: Any, wanted: bool = True) -> bool:
   """Whether spawned workers run the script's top level first, as Grain's do.
 
   'spawn' runs the parent's `__main__` again (as `__mp_main__`) in every
@@ -296,16 +297,17 @@ def workers_run_main(main: Any) -> bool:
   would start workers again from each worker, so its top level is not run;
   the pipeline travels with cloudpickle, which carries functions and classes
   defined in `__main__` by value, so the workers do not need the script.
+  `MultiprocessingOptions(workers_run_main=False)` (`wanted`) skips it too.
   """
   path = getattr(main, "__file__", None)
-  return isinstance(path, str) and _has_main_guard(path)
+  return wanted and isinstance(path, str) and _has_main_guard(path)
 
 
 @contextlib.contextmanager
-def _spawn_context():
+def _spawn_context(run_main: bool = True):
   """Starts spawned workers as `workers_run_main` says, with SIGINT blocked."""
   main = sys.modules.get("__main__")
-  hide = not workers_run_main(main)
+  hide = not workers_run_main(main, run_main)
   if hide:
     sys.modules["__main__"] = types.ModuleType("__main__")
   # Children inherit a blocked SIGINT, so a Ctrl-C while they start cannot
@@ -383,7 +385,7 @@ class _WorkerPool:
     self._stopping = True
     payload = _dumps((list(zip(self.leaves, self._threads)), self.worker_init_fn))
     ctx = multiprocessing.get_context("spawn")
-    with _spawn_context():
+    with _spawn_context(self.options.workers_run_main):
       for w in range(self.num_workers):
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         proc = ctx.Process(

@@ -163,8 +163,9 @@ def test_options_have_grains_fields_and_defaults(name):
   their_fields = [(f.name, f.default) for f in dataclasses.fields(theirs)]
   our_fields = [(f.name, f.default) for f in dataclasses.fields(ours)]
   assert our_fields[:len(their_fields)] == their_fields  # Same order: positional calls agree.
-  assert our_fields[len(their_fields):] == [("chunk_size", None)]
-  assert dataclasses.asdict(ours()) == {**dataclasses.asdict(theirs()), "chunk_size": None}
+  extra = {"chunk_size": None, **({"workers_run_main": True} if name == "MultiprocessingOptions" else {})}
+  assert our_fields[len(their_fields):] == list(extra.items())
+  assert dataclasses.asdict(ours()) == {**dataclasses.asdict(theirs()), **extra}
   assert loader.multiprocessing.MultiprocessingOptions is loader.MultiprocessingOptions
 
 
@@ -180,6 +181,8 @@ def test_options_positional_and_validation():
       loader.ReadOptions(**bad)
   with pytest.raises(ValueError, match=r"enable_profiling must be True or False \(got enable_profiling='y'\)"):
     loader.MultiprocessingOptions(enable_profiling="y")
+  with pytest.raises(ValueError, match=r"workers_run_main must be True or False \(got workers_run_main=0\)"):
+    loader.MultiprocessingOptions(workers_run_main=0)
   # Mutable as Grain's, but assignments are validated too.
   ro = loader.ReadOptions()
   ro.num_threads = 2

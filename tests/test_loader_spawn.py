@@ -80,3 +80,34 @@ def test_workers_run_a_guarded_scripts_top_level_as_grains_do(tmp_path):
     runs = len((d / "pids.txt").read_text().split())
     assert runs == 3, (lib, runs)  # The parent and each of the 2 workers.
   assert got["loader"] == got["grain"] == ["a", "b", "c", "a"]
+
+
+_GUARDED_SKIPPED = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import loader
+
+    with open(sys.argv[1], "a") as f:  # Every process that runs this script leaves its pid.
+      f.write(f"{os.getpid()}\\n")
+    OFFSET = 7  # Reaches the workers by value, with the function that uses it.
+
+    class Shift(loader.transforms.Map):
+      def map(self, x):
+        return x + OFFSET
+
+    if __name__ == "__main__":
+      opts = loader.MultiprocessingOptions(num_workers=2, workers_run_main=False)
+      ds = loader.MapDataset.range(40).map(Shift()).to_iter_dataset().batch(4).mp_prefetch(opts)
+      print(sum(int(np.sum(b)) for b in ds))  # The map runs in the workers only.
+""")
+
+
+def test_workers_run_main_false_skips_a_guarded_scripts_top_level(tmp_path):
+  script = tmp_path / "train.py"
+  script.write_text(_GUARDED_SKIPPED)
+  marks = tmp_path / "pids.txt"
+  out = subprocess.run([sys.executable, str(script), str(marks)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": _ROOT})
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == str(sum(x + 7 for x in range(40)))
+  assert len(marks.read_text().split()) == 1, "a worker re-ran the script"
