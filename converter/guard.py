@@ -94,7 +94,7 @@ class ConversionGuard:
       raise OutputError(f"--output {out} is a file, not a directory; give a directory "
                         "path (it is created if missing).")
     missing = []
-    d = os.path.abspath(out)
+    d = ondisk.local_abspath(out)
     while not os.path.exists(d):
       if os.path.islink(d):  # A dangling link: mkdir would say only "File exists".
         raise OutputError(f"--output {out} cannot be created: {d} is a symbolic link to "

@@ -35,7 +35,7 @@ def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
   # Beam's local glob lists nothing for a pattern without a directory part
   # (`*.tfrecord`), so local patterns are matched as absolute paths.
   local = split_uri(pattern)[0] == ""
-  query = os.path.abspath(pattern) if local else pattern
+  query = ondisk.local_abspath(pattern) if local else pattern
   try:
     metadata = FileSystems.match([query])[0].metadata_list
   except Exception as e:  # Beam raises BeamIOError for a missing directory.
@@ -73,7 +73,7 @@ class _GlobFilter:
     base = "/".join(parts[:fixed])
     self._skip = self._converted_in = None
     if skip_under is not None and self.magic and scheme == split_uri(skip_under)[0]:
-      out = os.path.abspath(skip_under) if scheme == "" else split_uri(skip_under)[1]
+      out = ondisk.local_abspath(skip_under) if scheme == "" else split_uri(skip_under)[1]
       out = out.rstrip("/")
       if out.startswith(base.rstrip("/") + "/"):
         self._skip = out + "/"  # Strictly inside the listed folder: never the inputs' own folder.
@@ -215,7 +215,7 @@ def _check_output_slot(path: str) -> None:
 
 def _check_name_length(path: str) -> None:
   """Refuses an output whose name, or whose temp file's longer name, the filesystem cannot hold."""
-  folder = os.path.dirname(os.path.abspath(path))
+  folder = os.path.dirname(ondisk.local_abspath(path))
   while not os.path.isdir(folder) and folder != os.path.dirname(folder):
     folder = os.path.dirname(folder)
   try:

@@ -87,7 +87,7 @@ def publish(local_tmp: str, final_path: str, expect: Any = REPLACE_ANY) -> None:
     ClobberedOutputError: final_path is not what `expect` says.
   """
   if is_local(final_path):
-    os.makedirs(os.path.dirname(os.path.abspath(final_path)), exist_ok=True)
+    os.makedirs(os.path.dirname(ondisk.local_abspath(final_path)), exist_ok=True)
     try:
       ondisk.publish_local(local_tmp, final_path, expect)
     except ondisk.ClobberError as e:
@@ -144,9 +144,9 @@ def _silent_delete(path: str) -> None:
 def local_temp_path(final_path: str) -> str:
   """A local path to write to before publish(): beside the final file if local."""
   if is_local(final_path):
-    parent = os.path.dirname(os.path.abspath(final_path))
+    parent = os.path.dirname(ondisk.local_abspath(final_path))
     os.makedirs(parent, exist_ok=True)
-    return ondisk.temp_name(os.path.abspath(final_path))
+    return ondisk.temp_name(ondisk.local_abspath(final_path))
   return staging_file()
 
 
@@ -188,7 +188,7 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
   """Writes a small file (the manifest) under its final name in one step."""
   try:
     if is_local(path):
-      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+      os.makedirs(os.path.dirname(ondisk.local_abspath(path)), exist_ok=True)
       ondisk.write_bytes_atomic(path, data)
       return
     tmp = local_temp_path(path)

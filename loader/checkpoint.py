@@ -65,14 +65,14 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
     _check_json_ints(state, "state")
     record["state"] = state
   path = os.fspath(path)
-  directory = os.path.dirname(os.path.abspath(path))
+  directory = os.path.dirname(ondisk.local_abspath(path))
   data = json.dumps(record, indent=1, sort_keys=True)
   try:
     os.makedirs(directory, exist_ok=True)
     # The temp name records this process, so a save killed midway (kill -9)
     # leaves a file the next save recognises as nobody's and removes.
     ondisk.remove_stale_temps_of(path)
-    tmp = ondisk.temp_name(os.path.abspath(path))
+    tmp = ondisk.temp_name(ondisk.local_abspath(path))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
   except OSError as e:
     raise _save_error(e, path) from e

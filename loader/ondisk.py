@@ -83,9 +83,20 @@ def join(directory: str, name: str) -> str:
   return directory.rstrip("/") + "/" + name
 
 
+def local_abspath(path: str) -> str:
+  """`os.path.abspath`, except that `..` after a symlink goes where the kernel goes.
+
+  abspath drops `link/..` as text, which names another directory than the one
+  the system opens when `link` is a symlink; such paths resolve their links.
+  """
+  if os.pardir in os.fspath(path).split(os.sep):
+    return os.path.realpath(path)
+  return os.path.abspath(path)
+
+
 def absolute(path: str) -> str:
   """`path` as paths are compared: local ones absolute and normalised, URIs without a trailing '/'."""
-  return os.path.abspath(path) if is_local(path) else path.rstrip("/")
+  return local_abspath(path) if is_local(path) else path.rstrip("/")
 
 
 def to_stored(directory: str, path: str) -> str:
@@ -420,7 +431,7 @@ def remove_stale_temps(directory: str, *, also_own: bool = False) -> list[str]:
 
 def remove_stale_temps_of(final_path: str) -> list[str]:
   """Removes the temp files beside `final_path` (made for it by temp_name) of dead processes on this host."""
-  directory = os.path.dirname(os.path.abspath(final_path))
+  directory = os.path.dirname(local_abspath(final_path))
   base = os.path.basename(final_path)
   try:
     names = os.listdir(directory)
@@ -512,7 +523,7 @@ def publish_local(tmp: str, final: str, expect: Any = REPLACE_ANY) -> None:
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
   """Writes a small local file so that readers see the old or the new content, never a part."""
-  tmp = temp_name(os.path.abspath(path))
+  tmp = temp_name(local_abspath(path))
   try:
     with open(tmp, "wb") as f:
       f.write(data)

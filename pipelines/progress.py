@@ -44,7 +44,7 @@ class Shard:
 
 def _split(path: str) -> tuple[str, str]:
   if _writer.is_local(path):
-    return os.path.split(os.path.abspath(path))
+    return os.path.split(ondisk.local_abspath(path))
   return posixpath.split(path)
 
 

@@ -42,6 +42,7 @@ from converter import (MANIFEST_NAME, ConversionError, ConvertOptions, OutputExi
                        plan_shards, read_manifest)
 from converter import writer as _writer
 from converter.naming import output_path
+from loader import ondisk
 from loader import tfds as _layout
 from converter.guard import ConversionGuard
 from pipelines import build, cli, convert, progress, verify, workers
@@ -65,7 +66,7 @@ def _clean_dir(path: str) -> str:
   if not path or not isinstance(path, str):
     raise ValueError(f"Expected a directory path, got {path!r}.")
   if _writer.is_local(path):
-    return os.path.abspath(os.path.expanduser(path))
+    return ondisk.local_abspath(os.path.expanduser(path))
   return path.rstrip("/")
 
 

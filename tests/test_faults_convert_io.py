@@ -109,6 +109,21 @@ def test_output_that_is_a_dangling_symlink(tmp_path, small, capsys):
   assert not (tmp_path / "gone").exists() and out.is_symlink()
 
 
+def test_dotdot_after_a_symlink_goes_where_the_system_goes(tmp_path, small, monkeypatch):
+  # `link/..` is the symlink target's parent for the kernel; a textual
+  # normalisation would name another directory (and fail, or write elsewhere).
+  inp, recs = small
+  (tmp_path / "real" / "sub").mkdir(parents=True)
+  (tmp_path / "work").mkdir()
+  (tmp_path / "work" / "link").symlink_to(tmp_path / "real" / "sub")
+  monkeypatch.chdir(tmp_path / "work")
+  assert convert.main(args(inp, "link/../out")) == 0
+  assert sorted(os.listdir(tmp_path / "real" / "out")) == sorted(
+      ["manifest.json", *(n.replace("tfrecord", "array_record") for n in recs)])
+  assert not (tmp_path / "work" / "out").exists()
+  assert convert.main(args(inp, "link/../out", "--skip-existing")) == 0  # The manifest is found again.
+
+
 def test_input_directory_is_refused_with_a_glob_hint(tmp_path, small, capsys):
   inp, _ = small
   out = tmp_path / "out"
