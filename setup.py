@@ -48,6 +48,7 @@ setuptools.setup(
             "tensorflow-datasets>=4.9.6",
             "grain==0.2.18",
             "jax>=0.4.30",
+            "keras>=3.9",  # Its model.fit takes Grain datasets (tests/test_loader_keras.py).
             "orbax-checkpoint>=0.11",
             "pyarrow>=14",
             _BEAM_GCP,

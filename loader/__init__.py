@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from loader import grain_interop
 from loader.config import config
 from loader.example import FixedLenFeature
 from loader.example import VarLenFeature
@@ -44,6 +45,8 @@ from loader.options import MultiprocessingOptions
 from loader.options import ReadOptions
 from loader.source import ArrayRecordSource
 from loader.source import RandomAccessDataSource
+
+grain_interop.install()  # Keras and others that accept Grain's datasets accept these too.
 
 # The Grain release whose API this package implements, under Grain's names:
 # client code that records or checks `grain.__version__` runs unchanged. The

@@ -35,6 +35,7 @@ from loader import checks
 from loader import dataset_iterator
 from loader import element_spec
 from loader import engine
+from loader import grain_interop
 from loader import map_dataset as map_dataset_lib
 from loader import options as options_lib
 from loader import stats as stats_lib
@@ -55,7 +56,7 @@ class _IterDatasetMeta(abc.ABCMeta):
     return mix.mix_iter_datasets(datasets, weights)
 
 
-class IterDataset(Generic[T], metaclass=_IterDatasetMeta):
+class IterDataset(grain_interop.IterDataset, Generic[T], metaclass=_IterDatasetMeta):
   """A stream of elements, like Grain's `IterDataset`.
 
   Usually made with `MapDataset.to_iter_dataset()`; see the module docstring

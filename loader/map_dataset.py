@@ -28,6 +28,7 @@ import numpy as np
 from loader import batching
 from loader import checks
 from loader import element_spec
+from loader import grain_interop
 from loader import permutation
 from loader import source as source_lib
 from loader import stats as stats_lib
@@ -83,7 +84,7 @@ class _MapDatasetMeta(abc.ABCMeta):
     return select.select_from_datasets(datasets, selection_map)
 
 
-class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
+class MapDataset(grain_interop.MapDataset, Generic[T], metaclass=_MapDatasetMeta):
   """A dataset with a length and random access, like Grain's `MapDataset`.
 
   Build one from a data source and chain transformations::
