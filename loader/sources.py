@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -144,7 +145,13 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
     return self._len if self._ranges is None else int(self._ranges["ends"][-1])
 
   def __repr__(self) -> str:
-    return f"ArrayRecordDataSource({len(self.paths)} files, {len(self)} records)"
+    # Names the source in checkpoints, as ArrayRecordSource's does: other files,
+    # another order or other record ranges with the same totals are told apart.
+    text = f"ArrayRecordDataSource({len(self.paths)} files, {len(self)} records, files_hash={self._files_hash()}"
+    if self._ranges is not None:
+      ranges = f"{self._ranges['ends'].tolist()}:{self._ranges['offsets'].tolist()}"
+      text += f", ranges_hash={hashlib.sha1(ranges.encode()).hexdigest()[:8]}"
+    return text + ")"
 
   def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
     """Records at `indices` (any order, repeats allowed), one batched read per file."""

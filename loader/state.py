@@ -39,9 +39,10 @@ _STAMP_KEYS = (VERSION_KEY, PIPELINE_KEY)
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _MAX_OP_CHARS = 160
-# ArrayRecordSource's repr gained the hash of its file names and counts; a
-# state saved before it names the source without one and still resumes.
-_SOURCE_IDENTITY = re.compile(r", files_hash=[0-9a-f]{8}")
+# ArrayRecordSource's (and ArrayRecordDataSource's) repr gained the hash of its
+# file names and counts (and record ranges); a state saved before it names the
+# source without one and still resumes.
+_SOURCE_IDENTITY = re.compile(r", files_hash=[0-9a-f]{8}(, ranges_hash=[0-9a-f]{8})?")
 
 
 class StateMismatchError(ValueError):

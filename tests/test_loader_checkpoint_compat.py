@@ -73,10 +73,11 @@ def _array_record_files(directory, counts):
   return paths
 
 
-def test_state_of_other_files_with_the_same_counts_is_refused(tmp_path):
+@pytest.mark.parametrize("source_cls", [loader.ArrayRecordSource, loader.sources.ArrayRecordDataSource])
+def test_state_of_other_files_with_the_same_counts_is_refused(tmp_path, source_cls):
   """Equal file and record counts are not the same data: other files, or the same files reordered."""
   f = _array_record_files(str(tmp_path), {"a": 100, "b": 200, "c": 100})
-  make = lambda files: loader.MapDataset.source(loader.ArrayRecordSource(files)).shuffle(seed=42).batch(
+  make = lambda files: loader.MapDataset.source(source_cls(files)).shuffle(seed=42).batch(
       10).to_iter_dataset()
   state = _state_after(make([f["a"], f["b"]]), 10)
   for other in ([f["b"], f["a"]], [f["c"], f["b"]]):
@@ -93,11 +94,26 @@ def test_state_of_other_files_with_the_same_counts_is_refused(tmp_path):
   assert_streams_equal(take(it, 5), take(reference, 5))
 
 
-def test_data_loader_state_of_other_files_with_the_same_counts_is_refused(tmp_path):
+def test_state_of_other_record_ranges_with_the_same_totals_is_refused(tmp_path):
+  f = _array_record_files(str(tmp_path), {"a": 100, "b": 200})
+  make = lambda ranges: loader.MapDataset.source(loader.sources.ArrayRecordDataSource(
+      [f"{f[name]}[{start}:{end}]" for name, start, end in ranges])).shuffle(seed=42).batch(10).to_iter_dataset()
+  saved = [("a", 0, 60), ("b", 0, 140)]
+  state = _state_after(make(saved), 5)
+  with pytest.raises(state_lib.StateMismatchError):
+    iter(make([("a", 0, 40), ("b", 0, 160)])).set_state(state)
+  it, reference = iter(make(saved)), iter(make(saved))
+  it.set_state(state)
+  take(reference, 5)
+  assert_streams_equal(take(it, 5), take(reference, 5))
+
+
+@pytest.mark.parametrize("source_cls", [loader.ArrayRecordSource, loader.sources.ArrayRecordDataSource])
+def test_data_loader_state_of_other_files_with_the_same_counts_is_refused(tmp_path, source_cls):
   f = _array_record_files(str(tmp_path), {"a": 100, "b": 200, "c": 100})
 
   def make(files):
-    source = loader.ArrayRecordSource(files)
+    source = source_cls(files)
     sampler = loader.samplers.IndexSampler(len(source), shard_options=loader.sharding.NoSharding(), shuffle=True,
                                            seed=42, num_epochs=1)
     return loader.DataLoader(data_source=source, sampler=sampler, operations=[loader.transforms.Batch(10)])
