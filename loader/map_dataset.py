@@ -341,19 +341,22 @@ class SourceMapDataset(MapDataset[T]):
     raise element_spec.not_implemented(self)
 
   def __repr__(self) -> str:
-    return f"MapDataset.source({self._source!r})"
+    # Logged and put in error messages: never every element of a big list.
+    return f"MapDataset.source({self._source_text()})"
 
-  def _state_op(self) -> str:
+  def _source_text(self) -> str:
     # A list's or a user object's repr may be huge or hold addresses; type and
-    # length identify the source well enough to catch a wrong one.
+    # length identify the source well enough (also to catch a wrong one in a state).
     src = self._source
     if isinstance(src, (list, tuple, np.ndarray)) or type(src).__repr__ is object.__repr__:
-      text = f"{type(src).__name__}(len={self._len})"  # Without printing every element.
-    else:
-      text = repr(src)
-      if len(text) > 120 or text.startswith("<"):
-        text = f"{type(src).__name__}(len={self._len})"
-    return f"source({text})"
+      return f"{type(src).__name__}(len={self._len})"  # Without printing every element.
+    text = repr(src)
+    if len(text) > 120 or text.startswith("<"):
+      return f"{type(src).__name__}(len={self._len})"
+    return text
+
+  def _state_op(self) -> str:
+    return f"source({self._source_text()})"
 
   def _getitems(self, indices: np.ndarray) -> list[T]:
     _require_nonempty(self, self._len)

@@ -333,3 +333,12 @@ def test_batches_of_array_records_equal_the_general_path(tmp_path):
 
   short = list(loader.MapDataset.source(Decoded(files)).batch(5).to_iter_dataset())
   assert {len(r) for b in short for r in b} == {4}
+
+
+def test_repr_of_a_dataset_over_a_big_list_stays_short():
+  # Clients log datasets (and Keras puts them in errors): not every element.
+  rows = [{"x": i} for i in range(200_000)]
+  ds = loader.MapDataset.source(rows).shuffle(seed=1).batch(8)
+  for text in (repr(ds), str(ds), repr(ds.to_iter_dataset()), repr(iter(ds.to_iter_dataset()))):
+    assert len(text) < 300, text[:300]
+  assert repr(ds).startswith("MapDataset.source(list(len=200000))")
