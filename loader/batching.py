@@ -21,14 +21,12 @@ def _mixed_none(path: str) -> ValueError:
   return StructureMismatchError(f"Cannot batch {path or '<element>'}: some elements are None and some are not.")
 
 
-def _object_array(values: Sequence[Any], path: str = "") -> np.ndarray:
+def _object_array(values: Sequence[Any]) -> np.ndarray:
   out = np.empty(len(values), dtype=object)
   types = set(map(type, values))
   if types <= _ATOMIC:
     out[:] = values  # Fast path; numpy does not split bytes/str into items.
   else:
-    if type(None) in types:
-      raise _mixed_none(path)
     for i, v in enumerate(values):  # Elementwise so sequences stay whole.
       out[i] = v
   return out
@@ -90,7 +88,7 @@ def _batch_pytree_node(values: Sequence[Any], path: str) -> Any:
 def _stack_leaves(values: Sequence[Any], path: str) -> np.ndarray:
   first = values[0]
   if isinstance(first, bytes) or not (isinstance(first, str) or _numeric_leaf(first)):
-    return _object_array(values, path)
+    return _object_array(values)
   try:
     stacked = np.stack([np.asarray(v) for v in values])
   except ValueError as e:
@@ -99,8 +97,6 @@ def _stack_leaves(values: Sequence[Any], path: str) -> np.ndarray:
         f"Cannot batch leaf {path or '<element>'}: elements have different "
         f"shapes {shapes[:5]}. Pad them to one shape in a map() before batch(), "
         "or pass batch_fn=.") from e
-  if stacked.dtype.hasobject and any(v is None for v in values):
-    raise _mixed_none(path)
   return stacked
 
 
@@ -140,8 +136,9 @@ def make_batch(values: Sequence[Any]) -> Any:
 def _make_batch(values: Sequence[Any], _path: str) -> Any:
   first = values[0]
   if first is None:
-    # None is an empty subtree to Grain: it stays None, and cannot meet a
-    # value (checked here, and in _object_array and _stack_leaves).
+    # None is an empty subtree to Grain's tree map: it stays None, and a value
+    # after it does not match it. A None after a leaf (an optional field) is a
+    # leaf there, and the batch an object array, as np.stack makes it in Grain.
     if all(v is None for v in values):
       return None
     raise _mixed_none(_path)
