@@ -44,6 +44,7 @@ import numpy as np
 from loader import checks
 from loader import checkpoint as checkpoint_lib
 from loader import data_loader_pipeline as pipeline_lib
+from loader import iter_dataset
 from loader import options as options_lib
 from loader import samplers as samplers_lib
 from loader import sharding
@@ -157,6 +158,21 @@ class DataLoader:
   @property
   def multiprocessing_options(self) -> options_lib.MultiprocessingOptions:
     return self._multiprocessing_options
+
+  @property
+  def _dataset(self) -> iter_dataset.IterDataset:
+    """The IterDataset that iterators of this loader iterate (Grain's private name).
+
+    Clients wrap it, e.g. `dl._dataset = WithOptionsIterDataset(dl._dataset,
+    options)`; the wrapper must keep its parent's elements and state.
+    """
+    return self._pipeline.dataset
+
+  @_dataset.setter
+  def _dataset(self, value: iter_dataset.IterDataset) -> None:
+    if not isinstance(value, iter_dataset.IterDataset):
+      raise TypeError(f"DataLoader._dataset must be an IterDataset (got {type(value).__name__}).")
+    self._pipeline = dataclasses.replace(self._pipeline, dataset=value)
 
   def __iter__(self) -> DataLoaderIterator:
     return DataLoaderIterator(self)

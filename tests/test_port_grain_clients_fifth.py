@@ -54,3 +54,50 @@ def test_client_script_prints_the_same(name, tmp_path):
   loader_out = porting.script_output(source, "loader", tmp_path)
   assert grain_out.strip(), "the script printed nothing"
   assert loader_out == grain_out
+
+
+# A raster-tile client: on Windows with workers it wraps the DataLoader's
+# private `_dataset` in WithOptionsIterDataset (DatasetOptions(min_shm_size=...)).
+RASTER = """
+from absl import flags; flags.FLAGS.mark_as_parsed()
+import json, sys
+import numpy as np
+import grain
+
+class RandomSample(grain.transforms.RandomMap):
+  def random_map(self, sample_id, rng):
+    return np.full((1, 4, 4), sample_id / 10.0, np.float32) + rng.uniform(size=(1, 4, 4)).astype(np.float32)
+
+def get_dataloader(worker_count, wrap):
+  source = grain.sources.RangeDataSource(0, 10, 1)
+  sampler = grain.samplers.IndexSampler(num_records=10, num_epochs=None, shuffle=False, seed=42)
+  dl = grain.DataLoader(data_source=source, sampler=sampler,
+                        operations=[RandomSample(), grain.transforms.Batch(batch_size=4, drop_remainder=True)],
+                        worker_count=worker_count, worker_buffer_size=1)
+  if wrap:
+    dl._dataset = grain.experimental.WithOptionsIterDataset(
+        dl._dataset, grain.experimental.DatasetOptions(min_shm_size=sys.maxsize))
+  return dl
+
+if __name__ == "__main__":
+  workers = int(sys.argv[1])
+  out = {"has_dataset": hasattr(get_dataloader(0, False), "_dataset")}
+  for wrap in (False, True):
+    it = iter(get_dataloader(workers, wrap))
+    first = [np.round(next(it), 4).tolist() for _ in range(2)]
+    state = it.get_state()
+    after = [np.round(next(it), 4).tolist() for _ in range(2)]
+    resumed = iter(get_dataloader(workers, wrap))
+    resumed.set_state(state)
+    out[str(wrap)] = {"first": first, "after": after, "resumed": [np.round(next(resumed), 4).tolist() for _ in range(2)]}
+  print(json.dumps(out))
+"""
+
+
+def test_data_loader_dataset_can_be_wrapped_as_in_grain(tmp_path):
+  g = porting.run_script(RASTER, "grain", tmp_path, "0")
+  l = porting.run_script(RASTER, "loader", tmp_path, "0")
+  assert l == g and g["has_dataset"]
+  assert g["True"] == g["False"] and g["True"]["resumed"] == g["True"]["after"]
+  # With workers, loader's stream is the one of 0 workers (README "Porting from Grain").
+  assert porting.run_script(RASTER, "loader", tmp_path, "2") == l
