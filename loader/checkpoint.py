@@ -21,6 +21,8 @@ import errno
 import json
 import os
 import pathlib
+import re
+import stat
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +69,7 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
   path = os.fspath(path)
   directory = os.path.dirname(ondisk.local_abspath(path))
   data = json.dumps(record, indent=1, sort_keys=True)
+  _check_replaceable(path)
   try:
     os.makedirs(directory, exist_ok=True)
     # The temp name records this process, so a save killed midway (kill -9)
@@ -91,6 +94,38 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
       raise _save_error(e, path) from e  # A full disk says nothing about where it was writing.
     raise
   return state
+
+
+_FORMAT_LINE = re.compile(rb'"format": "' + re.escape(_FORMAT.encode()) + rb'"')
+_PEEK_BYTES = 1 << 16
+
+
+def _check_replaceable(path: str) -> None:
+  """Refuses to replace what is not an earlier loader state (model weights, a device, a folder)."""
+  try:
+    st = os.stat(path)
+  except (FileNotFoundError, NotADirectoryError):
+    return
+  except OSError:
+    return  # The save itself will say what is wrong with the path.
+  if stat.S_ISDIR(st.st_mode):
+    raise IsADirectoryError(errno.EISDIR, f"Cannot save the iterator state to {path}: it is a folder; give a file "
+                                          f"path, e.g. {os.path.join(path, 'iterator_state.json')}", path)
+  if not stat.S_ISREG(st.st_mode):
+    raise FileExistsError(errno.EEXIST, f"Cannot save the iterator state to {path}: it exists and is not a regular "
+                                        "file (a FIFO, socket or device); save elsewhere", path)
+  if st.st_size == 0:
+    return  # Nothing to lose.
+  try:
+    with open(path, "rb") as f:
+      head = f.read(_PEEK_BYTES)
+  except OSError:
+    return
+  # save_state writes sorted keys, so "format" comes within the first lines.
+  if not _FORMAT_LINE.search(head):
+    raise FileExistsError(errno.EEXIST, f"Cannot save the iterator state to {path}: it exists and is not a loader "
+                                        f"state file ({st.st_size} bytes); save_state only replaces its own "
+                                        "files: remove it or save elsewhere", path)
 
 
 def _save_error(e: OSError, path: str) -> OSError:

@@ -223,3 +223,32 @@ def test_a_save_killed_midway_leaves_a_temp_the_next_save_removes(tmp_path):
   assert not os.path.exists(stale)
   assert all(map(os.path.exists, (elsewhere, live, other_file)))
   assert loader.restore_state(path, iter(loader.MapDataset.range(10).to_iter_dataset())) is not None
+
+
+def test_save_state_replaces_only_its_own_files(tmp_path):
+  """A path that holds something else (model weights, a FIFO, a folder) is refused; nothing is lost."""
+  it = iter(loader.MapDataset.range(10).to_iter_dataset())
+  next(it)
+  weights = tmp_path / "model.msgpack"
+  weights.write_bytes(os.urandom(1000))
+  with pytest.raises(FileExistsError, match=r"model.msgpack: it exists and is not a loader state file \(1000 bytes\); "
+                                            r"save_state only replaces its own files: remove it or save elsewhere"):
+    loader.save_state(str(weights), it)
+  assert weights.stat().st_size == 1000
+  fifo = tmp_path / "fifo"
+  os.mkfifo(fifo)
+  with pytest.raises(FileExistsError, match="it exists and is not a regular file"):
+    loader.save_state(str(fifo), it)
+  with pytest.raises(IsADirectoryError, match=r"it is a folder; give a file path, e.g. .*iterator_state.json"):
+    loader.save_state(str(tmp_path) + "/", it)
+  assert sorted(os.listdir(tmp_path)) == ["fifo", "model.msgpack"]  # No temp file left.
+  # Its own files are replaced: a state saved again, and an empty file.
+  path = tmp_path / "state.json"
+  loader.save_state(str(path), it)
+  next(it)
+  loader.save_state(str(path), it)
+  assert checkpoint.load_state(str(path))["next_index"] == 2
+  empty = tmp_path / "empty.json"
+  empty.touch()
+  loader.save_state(str(empty), it)
+  assert checkpoint.load_state(str(empty))["next_index"] == 2
