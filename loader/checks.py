@@ -79,6 +79,18 @@ def resolve_fn(transform: Any, method: str, what: str) -> Callable[..., Any]:
   raise TypeError(f"{what} expects a callable or an object with a .{method}() method (got {transform!r}).")
 
 
+def stop_iteration_error(fn: Callable[..., Any], error: StopIteration) -> RuntimeError:
+  """What a user function's StopIteration becomes: an error, not a silent end of the stream.
+
+  Raised out of a map or filter, StopIteration would look like the end of the
+  data to every loop above it (PEP 479 makes generators turn it into a
+  RuntimeError for the same reason). A source's StopIteration still ends a
+  stream (a source that streams, see loader.source).
+  """
+  return RuntimeError(f"{fn_name(fn)} raised StopIteration ({error!r}); a map or filter must not end the stream: "
+                      "catch it inside the function (e.g. next(it, None)) or end the data at its source.")
+
+
 def fn_name(fn: Callable[..., Any]) -> str:
   """A short stable name for reprs and pipeline fingerprints."""
   owner = getattr(fn, "__self__", None)

@@ -507,7 +507,11 @@ class MapMapDataset(MapDataset[S]):
 
   def _getitems(self, indices: np.ndarray) -> list[S | None]:
     fn = self._fn
-    return [None if x is None else fn(x) for x in self._parent._getitems(indices)]
+    items = self._parent._getitems(indices)  # A source's StopIteration (a stream's end) passes.
+    try:
+      return [None if x is None else fn(x) for x in items]
+    except StopIteration as e:
+      raise checks.stop_iteration_error(fn, e) from e
 
 
 class MapWithIndexMapDataset(MapDataset[S]):
@@ -532,7 +536,10 @@ class MapWithIndexMapDataset(MapDataset[S]):
   def _getitems(self, indices: np.ndarray) -> list[S | None]:
     fn = self._fn
     items = self._parent._getitems(indices)
-    return [None if x is None else fn(i, x) for i, x in zip(indices.tolist(), items)]
+    try:
+      return [None if x is None else fn(i, x) for i, x in zip(indices.tolist(), items)]
+    except StopIteration as e:
+      raise checks.stop_iteration_error(fn, e) from e
 
 
 class RandomMapMapDataset(MapDataset[S]):
@@ -559,11 +566,15 @@ class RandomMapMapDataset(MapDataset[S]):
   def _getitems(self, indices: np.ndarray) -> list[S | None]:
     fn, seed = self._fn, self._seed
     out = []
-    for i, x in zip(indices.tolist(), self._parent._getitems(indices)):
-      if x is None:
-        out.append(None)
-        continue
-      out.append(fn(x, checks.element_rng(seed, i)))
+    items = self._parent._getitems(indices)
+    try:
+      for i, x in zip(indices.tolist(), items):
+        if x is None:
+          out.append(None)
+          continue
+        out.append(fn(x, checks.element_rng(seed, i)))
+    except StopIteration as e:
+      raise checks.stop_iteration_error(fn, e) from e
     return out
 
 
@@ -592,7 +603,11 @@ class FilterMapDataset(MapDataset[T]):
 
   def _getitems(self, indices: np.ndarray) -> list[T | None]:
     fn = self._fn
-    return [x if x is not None and fn(x) else None for x in self._parent._getitems(indices)]
+    items = self._parent._getitems(indices)
+    try:
+      return [x if x is not None and fn(x) else None for x in items]
+    except StopIteration as e:
+      raise checks.stop_iteration_error(fn, e) from e
 
 
 def _first_discarding(ds: MapDataset) -> str:

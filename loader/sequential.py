@@ -76,7 +76,11 @@ class _MapIterator(_ParentPositionIterator[S]):
 
   def __next__(self) -> S:
     # As in Grain, an element whose map raises is consumed: the next call goes on after it.
-    return self._fn(next(self._parent))
+    x = next(self._parent)
+    try:
+      return self._fn(x)
+    except StopIteration as e:
+      raise checks.stop_iteration_error(self._fn, e) from e
 
 
 class FilterIterDataset(SequentialIterDataset[T]):
@@ -109,7 +113,10 @@ class _FilterIterator(_ParentPositionIterator[T]):
   def __next__(self) -> T:
     while True:
       x = next(self._parent)
-      keep = self._fn(x)  # As in Grain, an element whose predicate raises is consumed.
+      try:
+        keep = self._fn(x)  # As in Grain, an element whose predicate raises is consumed.
+      except StopIteration as e:
+        raise checks.stop_iteration_error(self._fn, e) from e
       if self._ratio_check is None:  # Options are final once the whole tree is built.
         self._ratio_check = dataset_options.FilterRatioCheck(self._stage, self._ctx.dataset_options)
       self._ratio_check.check(bool(keep))
@@ -381,7 +388,11 @@ class _CountingIterator(DatasetIterator[S]):
 
   def __next__(self) -> S:
     # As in Grain, an element whose function raises is consumed and does not count.
-    y = self._fn(self._index, next(self._parent))
+    x = next(self._parent)
+    try:
+      y = self._fn(self._index, x)
+    except StopIteration as e:
+      raise checks.stop_iteration_error(self._fn, e) from e
     self._index += 1
     return y
 

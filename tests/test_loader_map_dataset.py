@@ -342,3 +342,32 @@ def test_repr_of_a_dataset_over_a_big_list_stays_short():
   for text in (repr(ds), str(ds), repr(ds.to_iter_dataset()), repr(iter(ds.to_iter_dataset()))):
     assert len(text) < 300, text[:300]
   assert repr(ds).startswith("MapDataset.source(list(len=200000))")
+
+
+def _stops_at_5(x, *rest):
+  if (x if not rest or isinstance(rest[0], np.random.Generator) else rest[0]) == 5:
+    next(iter([]))  # A bug in user code: next() on an exhausted iterator.
+  return x if not rest or isinstance(rest[0], np.random.Generator) else rest[0]
+
+
+@pytest.mark.parametrize("stage", ["map", "filter", "random_map", "map_with_index", "iter map", "iter filter"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stop_iteration_from_a_user_function_is_an_error_not_the_end(stage, workers):
+  # Raised out of a map, StopIteration would end the stream silently (Grain's
+  # loops end there); it is a RuntimeError naming the function, and the
+  # stream goes on after the element, as after any other error.
+  ds = loader.MapDataset.range(10).seed(1)  # random_map's seed.
+  fn = _stops_at_5
+  if stage == "filter" or stage == "iter filter":
+    fn = lambda x: _stops_at_5(x) is not None  # pylint: disable=unnecessary-lambda-assignment
+  if stage.startswith("iter"):
+    ds = getattr(ds.to_iter_dataset(), stage.split()[1])(fn)
+  else:
+    ds = getattr(ds, stage)(fn).to_iter_dataset()
+  if workers:
+    ds = ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
+  it = iter(ds)
+  got = [next(it) for _ in range(5)]
+  with pytest.raises(RuntimeError, match=r"raised StopIteration .*a map or filter must not end the stream"):
+    next(it)
+  assert got == [0, 1, 2, 3, 4] and list(it) == [6, 7, 8, 9]
