@@ -140,16 +140,19 @@ class InputError(ConversionError):
 
 
 class InputChangedError(ConversionError):
-  """An input that was there when the run was planned vanished or became unreadable while converting."""
+  """An input that was there when the run was planned vanished, changed or became unreadable while converting."""
 
   exit_code = 1  # Found while converting: shards were already written.
 
   def __init__(self, path: str, problem: str):
     self.path, self.problem = path, problem
     gone = problem == "does not exist"
+    changed = problem.startswith(("was replaced", "was modified"))
     what = "disappeared while converting (it was there when the run started)" if gone else \
         f"{problem} while converting"
-    fix = "Put it back" if gone else "Fix it"
+    if changed:
+      what = f"{problem}: it changed while it was converted, so its shard was not written"
+    fix = "Put it back" if gone else "Let whatever writes it finish" if changed else "Fix it"
     super().__init__(
         f"Input {path} {what}; the shards already written are kept. {fix}, then rerun with "
         "--skip-existing to convert the rest.")

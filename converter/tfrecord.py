@@ -212,6 +212,7 @@ class TFRecordReader:
     self.stats = ReadStats()
     self._opener = opener
     self.detected_compression: str | None = None
+    self._opened: os.stat_result | None = None  # The local file as opened (see change()).
 
   def _open(self) -> BinaryIO:
     if self._opener is not None:
@@ -263,11 +264,40 @@ class TFRecordReader:
       check_regular_file(self.path)  # Opening a FIFO would block forever.
     try:
       with self._open() as f:
+        if self._opener is None and is_local(self.path):
+          self._opened = _stat_of(f, self.path)
         yield from self._records(self._chunks(f))
     except OSError as e:
       reason = f"[Errno {e.errno}] {e.strerror}" if e.errno else str(e).split("\n")[0]
       raise InputError(self.path, f"cannot be read ({reason})",
                        "check that it exists and is readable") from e
+
+  @property
+  def opened_size(self) -> int | None:
+    """The local file's size when it was opened (None before, or for a URI)."""
+    return None if self._opened is None else self._opened.st_size
+
+  def change(self) -> str | None:
+    """How the local file at `path` differs from the one opened, or None.
+
+    A file replaced (another inode at the path) or rewritten (size or mtime)
+    while it was read gives records of one file and a size of another.
+    """
+    before = self._opened
+    if before is None:
+      return None
+    try:
+      now = os.stat(self.path)
+    except FileNotFoundError:
+      return "does not exist"
+    except OSError:
+      return None  # Unreadable now: the read itself says so.
+    sizes = f"{before.st_size:,} bytes when opened, {now.st_size:,} now"
+    if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
+      return f"was replaced by another file ({sizes})"
+    if (now.st_size, now.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+      return f"was modified ({sizes})"
+    return None
 
   def _corrupt(self, offset: int, reason: str) -> CorruptRecordError:
     return CorruptRecordError(
@@ -453,6 +483,14 @@ def _extend(data: bytes, chunks: Iterator[bytes], size: int) -> tuple[bytes, boo
     parts.append(nxt)
     have += len(nxt)
   return b"".join(parts), eof
+
+
+def _stat_of(f: BinaryIO, path: str) -> os.stat_result:
+  """The open file's own stat (its inode, even if the path is replaced meanwhile)."""
+  try:
+    return os.fstat(f.fileno())
+  except (AttributeError, OSError, ValueError):  # A wrapper without a descriptor.
+    return os.stat(path)
 
 
 def check_regular_file(path: str) -> None:

@@ -109,12 +109,14 @@ class _ConvertShardFn(beam.DoFn):
       with _writer.ArrayRecordShardWriter(plan.output, opts.writer_options,
                                           expect=plan.replaces) as w:
         _manifest.write_digested(reader, w.write, digest)
+        _check_unchanged(reader)  # Before publishing: records and sizes of one file.
         bytes_out = w.commit()
     except InputError as e:
       # It was a regular file when planned: found gone or unreadable while
       # converting, after other shards may have been written (exit 1, not 2).
       raise InputChangedError(e.path, e.problem) from None
     except CorruptRecordError as e:
+      _check_unchanged(reader)  # A file rewritten under the reader looks damaged; say what happened.
       if opts.on_corrupt == "fail":
         raise
       # In 'skip' mode we only get here when the framing could not resync.
@@ -123,7 +125,7 @@ class _ConvertShardFn(beam.DoFn):
       yield {"input": plan.input, "output": plan.output, "status": "failed", "error": str(e),
              "records": None, "corrupt_records_skipped": reader.stats.skipped}
       return
-    bytes_in = _writer.file_size(plan.input)
+    bytes_in = reader.opened_size if reader.opened_size is not None else _writer.file_size(plan.input)
     self.files.inc()
     self.records.inc(digest.records)
     self.bytes_in.inc(bytes_in)
@@ -143,6 +145,12 @@ class _ConvertShardFn(beam.DoFn):
         "input_truncated": reader.stats.truncated,
         "seconds": round(time.monotonic() - start, 3),
     }
+
+
+def _check_unchanged(reader: TFRecordReader) -> None:
+  change = reader.change()
+  if change is not None:
+    raise InputChangedError(reader.path, change)
 
 
 def kept_shard_entry(plan: ShardPlan) -> dict[str, Any]:

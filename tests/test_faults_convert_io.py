@@ -8,6 +8,7 @@ directory); without the right to mount, those tests skip saying so.
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -424,3 +425,34 @@ def test_a_lost_connection_to_the_storage_says_how_to_go_on(capsys):
   line = error_line(capsys)
   assert line.startswith("arrayrecord-convert: error: ConnectionRefusedError: [Errno 111] Connection refused")
   assert line.endswith("when it is reachable again, rerun with --skip-existing)")
+
+
+@pytest.mark.parametrize("how", ["replaced", "rewritten"])
+def test_an_input_that_changes_while_converted_is_not_published(tmp_path, small, monkeypatch, capsys, how):
+  """Records of one file and the size of another would make a manifest that contradicts itself."""
+  from converter import transforms  # pylint: disable=import-outside-toplevel
+  inp0, recs = small
+  inp = tmp_path / "in"
+  shutil.copytree(inp0, inp)
+  victim = inp / sorted(recs)[1]
+  write_digested = transforms._manifest.write_digested  # pylint: disable=protected-access
+
+  def then_change(reader, write, digest):
+    write_digested(reader, write, digest)
+    if reader.path == str(victim):  # Another writer, between the last read and the publish.
+      if how == "replaced":
+        ft.write_tfrecords(str(victim) + ".new", [b"other"] * 3)
+        os.replace(str(victim) + ".new", victim)
+      else:
+        with open(victim, "ab") as f:
+          f.write(b"\0" * 16)
+
+  monkeypatch.setattr(transforms._manifest, "write_digested", then_change)  # pylint: disable=protected-access
+  out = tmp_path / "out"
+  assert convert.main(args(inp, out)) == 1
+  line = error_line(capsys)
+  assert f"Input {victim} was {'replaced by another file' if how == 'replaced' else 'modified'} (" in line
+  assert "it changed while it was converted, so its shard was not written" in line
+  assert "rerun with --skip-existing" in line
+  assert ft.out_name(victim.name) not in os.listdir(out)
+  assert not [n for n in os.listdir(out) if ".tmp" in n]
