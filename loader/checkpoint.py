@@ -159,6 +159,8 @@ def load_state(path: str | os.PathLike) -> Any:
                      f"{raw[e.start:e.start + 1]!r}); {other}.") from e
   except json.JSONDecodeError as e:
     raise ValueError(f"{path} is not a loader state file (invalid JSON: {e}; cut short?); {other}.") from e
+  except RecursionError:
+    raise ValueError(f"{path} is not a loader state file (JSON nested too deeply); {other}.") from None
   if not isinstance(data, dict) or data.get("format") != _FORMAT or "state" not in data:
     raise ValueError(f"{path} is not a loader state file (expected format {_FORMAT!r}); {other}.")
   if data.get("version") != _VERSION:
@@ -171,7 +173,16 @@ def load_state(path: str | os.PathLike) -> Any:
 def restore_state(path: str | os.PathLike, iterator: Any) -> Any:
   """Sets `iterator` to the state saved at `path`; returns the state."""
   state = load_state(path)
-  iterator.set_state(state)
+  try:
+    iterator.set_state(state)
+  except (ValueError, TypeError) as e:
+    # The iterator's refusal names what differs; say which file it came from.
+    try:
+      named = type(e)(f"Cannot restore {os.fspath(path)}: {e}")
+    except Exception:  # pylint: disable=broad-except  # An exception class with another signature.
+      e.add_note(f"(state file: {os.fspath(path)})")
+      raise e from None
+    raise named from e
   return state
 
 

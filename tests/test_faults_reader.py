@@ -252,3 +252,16 @@ def test_save_state_replaces_only_its_own_files(tmp_path):
   empty.touch()
   loader.save_state(str(empty), it)
   assert checkpoint.load_state(str(empty))["next_index"] == 2
+
+
+def test_restore_state_refusals_name_the_state_file(tmp_path):
+  it = iter(loader.MapDataset.range(10).to_iter_dataset())
+  next(it)
+  path = str(tmp_path / "state.json")
+  loader.save_state(path, it)
+  with pytest.raises(ValueError, match=rf"^Cannot restore {path}: .*saved from a different pipeline"):
+    loader.restore_state(path, iter(loader.MapDataset.range(12).to_iter_dataset()))
+  deep = tmp_path / "deep.json"
+  deep.write_text("[" * 100_000)  # json.loads would raise RecursionError.
+  with pytest.raises(ValueError, match=r"deep.json is not a loader state file \(JSON nested too deeply\)"):
+    loader.restore_state(str(deep), it)
