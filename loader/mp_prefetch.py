@@ -430,6 +430,9 @@ class _WorkerPool:
       self.raise_dead(w)
 
   def raise_dead(self, w: int) -> None:
+    if not self._finalizer.alive:  # close() in another thread stopped the workers under this wait.
+      raise ValueError("This iterator was closed (close() was called while it waited for a worker); "
+                       "create a new one with iter(dataset).")
     proc = self.procs[w]
     proc.join(0.1)
     if self._tasks[w]:  # What the user's code was given: where to look (a map that crashes there?).

@@ -233,6 +233,37 @@ def test_worker_found_dead_when_sent_a_task_names_that_task():
     pool.close()
 
 
+def _hangs_from_3(x):
+  if x >= 3:
+    time.sleep(3600)
+  return x
+
+
+def test_close_from_another_thread_ends_a_waiting_consumer_with_a_clear_error():
+  import threading  # pylint: disable=import-outside-toplevel
+  it = iter(loader.MapDataset.range(10).map(_hangs_from_3).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=2, chunk_size=1)))
+  errors = []
+
+  def consume():
+    try:
+      for _ in it:
+        pass
+    except BaseException as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  consumer = threading.Thread(target=consume, daemon=True)
+  consumer.start()
+  time.sleep(2)  # The consumer waits for element 3, which never comes.
+  pids = _producer(it).worker_pids
+  it.close()
+  consumer.join(30)
+  assert not consumer.is_alive()
+  assert len(errors) == 1 and isinstance(errors[0], ValueError) and not isinstance(errors[0], loader.WorkerError)
+  assert "This iterator was closed (close() was called while it waited for a worker)" in str(errors[0])
+  assert not _wait_dead(pids)
+
+
 _ORPHAN_SCRIPT = textwrap.dedent("""
     import sys, time
     import numpy as np
