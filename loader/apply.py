@@ -14,6 +14,10 @@ from typing import Any
 _METHODS = ("map", "random_map", "np_random_map", "filter", "map_with_index", "flat_map")
 
 
+class UnsupportedTransformError(TypeError, NotImplementedError):
+  """Not a transform `apply` knows: a TypeError, and Grain's NotImplementedError (which clients catch)."""
+
+
 def _is_batch(t: Any) -> bool:
   return hasattr(t, "batch_size") and not any(callable(getattr(t, m, None)) for m in _METHODS)
 
@@ -56,6 +60,6 @@ def _apply_one(ds: Any, t: Any) -> Any:
     if hasattr(ds, "_getitems"):
       return flatmap.FlatMapMapDataset(ds, t)
     return flatmap.FlatMapIterDataset(ds, t)
-  raise TypeError(
+  raise UnsupportedTransformError(
       f"Cannot apply {t!r}: expected a transform with one of the methods {list(_METHODS)} "
       "or a Batch (batch_size, drop_remainder).")

@@ -101,3 +101,24 @@ def test_data_loader_dataset_can_be_wrapped_as_in_grain(tmp_path):
   assert g["True"] == g["False"] and g["True"]["resumed"] == g["True"]["after"]
   # With workers, loader's stream is the one of 0 workers (README "Porting from Grain").
   assert porting.run_script(RASTER, "loader", tmp_path, "2") == l
+
+
+# Clients catch NotImplementedError around apply_transformations (Grain's type
+# for a plain function); loader's error is also the TypeError it raised before.
+APPLY_PLAIN_FUNCTION = """
+import grain
+for name, call in [("apply", lambda: grain.MapDataset.range(3).apply([lambda x: x * 2])),
+                   ("apply_transformations", lambda: grain.experimental.apply_transformations(
+                       grain.MapDataset.range(3).to_iter_dataset(), [lambda x: x * 2]))]:
+  try:
+    call()
+    print(name, "applied")
+  except NotImplementedError:
+    print(name, "NotImplementedError")
+"""
+
+
+def test_apply_of_a_plain_function_is_grains_not_implemented_error(tmp_path):
+  g = porting.script_output(APPLY_PLAIN_FUNCTION, "grain", tmp_path)
+  assert porting.script_output(APPLY_PLAIN_FUNCTION, "loader", tmp_path) == g
+  assert g.split() == ["apply", "NotImplementedError", "apply_transformations", "NotImplementedError"]
