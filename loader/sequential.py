@@ -8,8 +8,10 @@ output positions are not a function of its input positions). They run after
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -211,6 +213,29 @@ class _Raised:
     self.error = error
 
 
+# Prefetch threads still running (threads are dropped from it once they end).
+_PREFETCH_THREADS: weakref.WeakSet = weakref.WeakSet()
+_EXIT_JOIN_S = 2.0
+
+
+@atexit.register
+def _stop_prefetch_threads() -> None:
+  """Stops prefetch threads before the interpreter finalizes.
+
+  A daemon thread still running then is stopped where it next takes the GIL;
+  inside a C++ call (a `jax.device_put` of `device_put`'s prefetch) that
+  aborts the process ("FATAL: exception not rethrown", exit code 134) after
+  a script that left an iterator unfinished. Each thread ends at its next
+  element or within its 0.1 s poll once asked.
+  """
+  threads = list(_PREFETCH_THREADS)
+  for thread in threads:
+    thread.loader_stop.set()
+  deadline = time.monotonic() + _EXIT_JOIN_S
+  for thread in threads:
+    thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def _prefetch_loop(parent: DatasetIterator, out: queue.Queue, stop: threading.Event) -> None:
   # A plain function holding no reference to the iterator, so an abandoned
   # iterator can be garbage collected (its finalizer sets `stop`).
@@ -254,8 +279,10 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
     self._thread = threading.Thread(
         target=_prefetch_loop, args=(self._parent, self._queue, self._stop),
         name="loader-prefetch", daemon=True)
+    self._thread.loader_stop = self._stop
     weakref.finalize(self, self._stop.set)
     self._thread.start()
+    _PREFETCH_THREADS.add(self._thread)
 
   def _halt(self) -> None:
     if self._thread is not None:

@@ -73,3 +73,31 @@ def test_device_put_restores_at_every_step(cpu, dev):
       loader.MapDataset.range(24).shuffle(seed=1).to_iter_dataset().filter(lambda x: x % 3).batch(3), device,
       cpu_buffer_size=cpu, device_buffer_size=dev).map(np.asarray)
   assert assert_restore_at_every_step_gives_same_stream(make)
+
+
+_UNFINISHED_DEVICE_PUT = """
+import atexit, sys, threading
+def check():  # Registered before loader's own exit handler, so it runs after it.
+  alive = [t.name for t in threading.enumerate() if t.name == "loader-prefetch" and t.is_alive()]
+  print("prefetch threads at exit:", len(alive), flush=True)
+atexit.register(check)
+import jax
+import numpy as np
+import loader
+ds = loader.MapDataset.range(100).map(lambda x: np.full((2,), x)).to_iter_dataset()
+it = iter(loader.experimental.device_put(ds, device=jax.devices()[0], cpu_buffer_size=2, device_buffer_size=2))
+next(it); next(it)  # The script ends with the iterator unfinished and still referenced.
+"""
+
+
+def test_prefetch_threads_are_stopped_before_the_interpreter_finalizes(tmp_path):
+  # A daemon thread inside jax.device_put at finalization aborts the process
+  # (exit 134, "FATAL: exception not rethrown"); loader stops them at exit.
+  import os, subprocess, sys  # pylint: disable=import-outside-toplevel,multiple-imports
+  script = tmp_path / "train.py"
+  script.write_text(_UNFINISHED_DEVICE_PUT)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "prefetch threads at exit: 0" in out.stdout
