@@ -45,6 +45,7 @@ from loader import checks
 from loader import checkpoint as checkpoint_lib
 from loader import data_loader_pipeline as pipeline_lib
 from loader import iter_dataset
+from loader import map_dataset
 from loader import options as options_lib
 from loader import samplers as samplers_lib
 from loader import sharding
@@ -77,6 +78,25 @@ def _source_repr(source: Any) -> str:
   if isinstance(source, (list, tuple, np.ndarray)):
     return str(type(source))
   return _stable_repr(source)
+
+
+def _repr_before_short_sources(source: Any) -> str | None:
+  """A MapDataset data_source's repr as states saved before short source reprs name it; None if the same."""
+  chain = []
+  node = source
+  while isinstance(node, map_dataset.MapDataset) and len(node._parents) == 1:  # pylint: disable=protected-access
+    chain.append(node._op_repr())  # pylint: disable=protected-access
+    node = node._parent  # pylint: disable=protected-access
+  if not isinstance(node, map_dataset.SourceMapDataset):
+    return None
+  text = _ADDRESS.sub("", node._repr_before_short_sources() + "".join(reversed(chain)))  # pylint: disable=protected-access
+  return None if text == _source_repr(source) else text
+
+
+def _same_data_source(saved: Any, mine: str, source: Any) -> bool:
+  """Whether a state's data_source names this loader's source, in any form a loader wrote."""
+  return (saved == mine or state_lib.same_but_for_source_identity(saved, mine)
+          or (saved is not None and saved == _repr_before_short_sources(source)))
 
 
 def _grain_source_reprs(source: Any) -> set[str]:
@@ -359,8 +379,10 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     if version not in (_STATE_VERSION, _V1_STATE_VERSION):
       raise ValueError(f"DataLoader state version {version!r} is not supported "
                        f"(this loader reads versions {_V1_STATE_VERSION} and {_STATE_VERSION}).")
+    source = self._data_loader._data_source  # pylint: disable=protected-access
     differ = [(key, mine) for key, mine in self._data_loader._fingerprint().items()  # pylint: disable=protected-access
-              if state.get(key) != mine and not state_lib.same_but_for_source_identity(state.get(key), mine)]
+              if state.get(key) != mine and not state_lib.same_but_for_source_identity(state.get(key), mine)
+              and not (key == "data_source" and _same_data_source(state.get(key), mine, source))]
     if ([key for key, _ in differ] == ["operations"] and version == _STATE_VERSION and "last_seen_indices" in state
         and self._data_loader._positions_translate()):  # pylint: disable=protected-access
       # As Grain: other operations (another batch size, a new map) on the

@@ -344,6 +344,11 @@ class SourceMapDataset(MapDataset[T]):
     # Logged and put in error messages: never every element of a big list.
     return f"MapDataset.source({self._source_text()})"
 
+  def _repr_before_short_sources(self) -> str:
+    # What repr() said before sources were shortened: DataLoader states of
+    # that time name a MapDataset data_source by it (see data_loader).
+    return f"MapDataset.source({self._source!r})"
+
   def _source_text(self) -> str:
     # A list's or a user object's repr may be huge or hold addresses; type and
     # length identify the source well enough (also to catch a wrong one in a state).

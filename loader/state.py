@@ -39,10 +39,11 @@ _STAMP_KEYS = (VERSION_KEY, PIPELINE_KEY)
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _MAX_OP_CHARS = 160
-# ArrayRecordSource's (and ArrayRecordDataSource's) repr gained the hash of its
-# file names and counts (and record ranges); a state saved before it names the
-# source without one and still resumes.
+# ArrayRecordSource's repr gained the hash of its file names and counts, and
+# later ArrayRecordDataSource's too (with its record ranges); a state saved
+# before either names those sources without one and still resumes.
 _SOURCE_IDENTITY = re.compile(r", files_hash=[0-9a-f]{8}(, ranges_hash=[0-9a-f]{8})?")
+_DATA_SOURCE_IDENTITY = re.compile(r"(ArrayRecordDataSource\([^()]*?), files_hash=[0-9a-f]{8}(, ranges_hash=[0-9a-f]{8})?")
 
 
 class StateMismatchError(ValueError):
@@ -174,13 +175,23 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
 
 
 def same_but_for_source_identity(saved: Any, mine: Any) -> bool:
-  """Whether a `saved` description from before sources had an identity equals `mine` without them."""
+  """Whether a `saved` description from before sources had an identity equals `mine` without them.
+
+  Saved before any source had one: no identity at all. Saved after
+  ArrayRecordSource's but before ArrayRecordDataSource's: only the latter's
+  are missing.
+  """
   texts = saved if isinstance(saved, list) else [saved]
-  if not all(isinstance(t, str) for t in texts) or any(_SOURCE_IDENTITY.search(t) for t in texts):
+  if not all(isinstance(t, str) for t in texts):
     return False
-  strip_ids = lambda x: _SOURCE_IDENTITY.sub("", x) if isinstance(x, str) else x
-  mine_without = [strip_ids(m) for m in mine] if isinstance(mine, list) else strip_ids(mine)
-  return mine_without == saved
+
+  def without(pattern: re.Pattern, replacement: str) -> Any:
+    strip = lambda x: pattern.sub(replacement, x) if isinstance(x, str) else x
+    return [strip(m) for m in mine] if isinstance(mine, list) else strip(mine)
+
+  if without(_DATA_SOURCE_IDENTITY, r"\1") == saved:
+    return True
+  return not any(_SOURCE_IDENTITY.search(t) for t in texts) and without(_SOURCE_IDENTITY, "") == saved
 
 
 def check_keys(state: Any, keys: Sequence[str], owner: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -327,3 +328,47 @@ def test_json_file_round_trip_with_save_and_restore(tmp_path):
   with pytest.raises(state_lib.StateMismatchError):
     loader.restore_state(tmp_path / "s.json", iter(_pipeline(seed=9)))
   assert np.asarray(rest[0]).dtype.kind == "i"
+
+
+def test_states_saved_before_array_record_data_source_had_an_identity_still_resume(tmp_path):
+  # Saved when ArrayRecordSource already named its files_hash but ArrayRecordDataSource did not.
+  f = _array_record_files(str(tmp_path), {"a": 100, "b": 200})
+  make = lambda: loader.MapDataset.concatenate([
+      loader.MapDataset.source(loader.ArrayRecordSource([f["a"]])),
+      loader.MapDataset.source(loader.sources.ArrayRecordDataSource([f["b"]])),
+      loader.MapDataset.source(loader.sources.ArrayRecordDataSource([f["b"] + "[5:50]"]))]).to_iter_dataset()
+  state = _state_after(make(), 7)
+  old = json.loads(re.sub(r"(ArrayRecordDataSource\([^()]*?), files_hash=[0-9a-f]{8}(, ranges_hash=[0-9a-f]{8})?",
+                          r"\1", json.dumps(state)))
+  assert old != state and "files_hash" in json.dumps(old)  # ArrayRecordSource's is kept.
+  it, reference = iter(make()), iter(make())
+  it.set_state(old)
+  take(reference, 7)
+  assert_streams_equal(take(it, 5), take(reference, 5))
+
+
+@pytest.mark.parametrize("kind", ["list", "object"])
+def test_data_loader_states_naming_a_map_dataset_source_by_its_old_repr_still_resume(kind):
+  class Items:  # A default repr, with an address.
+
+    def __len__(self):
+      return 10
+
+    def __getitem__(self, i):
+      return i
+
+  source = loader.MapDataset.source(list(range(10)) if kind == "list" else Items())
+  make = lambda: loader.DataLoader(data_source=source, sampler=loader.samplers.IndexSampler(
+      10, shuffle=False, num_epochs=1, shard_options=loader.sharding.NoSharding()), worker_count=0)
+  it = iter(make())
+  take(it, 2)
+  state = json.loads(it.get_state())
+  # What loader wrote before a MapDataset source's repr was shortened.
+  state["data_source"] = ("MapDataset.source([0, 1, 2, 3, 4, 5, 6, 7, 8, 9])" if kind == "list" else
+                          f"MapDataset.source(<{__name__}.{Items.__qualname__} object>)")
+  resumed = iter(make())
+  resumed.set_state(json.dumps(state).encode())
+  assert next(resumed) == 2
+  state["data_source"] = "MapDataset.source([0, 1, 2])"
+  with pytest.raises(ValueError, match="another pipeline: data_source"):
+    iter(make()).set_state(json.dumps(state).encode())
