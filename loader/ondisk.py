@@ -89,8 +89,14 @@ def local_abspath(path: str) -> str:
   abspath drops `link/..` as text, which names another directory than the one
   the system opens when `link` is a symlink; such paths resolve their links.
   """
-  if os.pardir in os.fspath(path).split(os.sep):
+  path = os.fspath(path)
+  head, tail = os.path.split(path)
+  if tail in (os.pardir, os.curdir):
     return os.path.realpath(path)
+  if os.pardir in head.split(os.sep):
+    # The folder resolved as the kernel resolves it; the name itself (maybe a
+    # symlink that a save replaces) kept.
+    return os.path.join(os.path.realpath(head), tail)
   return os.path.abspath(path)
 
 

@@ -456,3 +456,12 @@ def test_an_input_that_changes_while_converted_is_not_published(tmp_path, small,
   assert "rerun with --skip-existing" in line
   assert ft.out_name(victim.name) not in os.listdir(out)
   assert not [n for n in os.listdir(out) if ".tmp" in n]
+
+
+def test_local_abspath_resolves_the_folder_of_a_dotdot_path_not_its_last_name(tmp_path):
+  (tmp_path / "real" / "sub").mkdir(parents=True)
+  (tmp_path / "link").symlink_to(tmp_path / "real" / "sub")
+  (tmp_path / "real" / "state.json").symlink_to(tmp_path / "elsewhere.json")  # A name a save replaces.
+  assert ondisk.local_abspath(str(tmp_path / "link" / ".." / "state.json")) == str(tmp_path / "real" / "state.json")
+  assert ondisk.local_abspath(str(tmp_path / "link" / "..")) == str(tmp_path / "real")
+  assert ondisk.local_abspath(str(tmp_path / "link" / "x")) == str(tmp_path / "link" / "x")  # No '..': as abspath.
