@@ -56,6 +56,14 @@ _DESC = 4  # Index of the payload descriptor in an "ok" message.
 _STOP_GRACE_S = 1.0
 
 
+class ClosedWhileWaitingError(ValueError):
+  """close() was called (in another thread) while this iterator waited for a worker."""
+
+  def __init__(self):
+    super().__init__("This iterator was closed (close() was called while it waited for a worker); "
+                     "create a new one with iter(dataset).")
+
+
 class WorkerError(RuntimeError):
   """A worker process died, or raised an exception that cannot be pickled.
 
@@ -430,9 +438,8 @@ class _WorkerPool:
       self.raise_dead(w)
 
   def raise_dead(self, w: int) -> None:
-    if not self._finalizer.alive:  # close() in another thread stopped the workers under this wait.
-      raise ValueError("This iterator was closed (close() was called while it waited for a worker); "
-                       "create a new one with iter(dataset).")
+    if self.closed:  # close() in another thread stopped the workers under this wait.
+      raise ClosedWhileWaitingError()
     proc = self.procs[w]
     proc.join(0.1)
     if self._tasks[w]:  # What the user's code was given: where to look (a map that crashes there?).
@@ -504,6 +511,10 @@ class _WorkerPool:
     self._attached -= 1
     if self._attached <= 0:
       self.close()
+
+  @property
+  def closed(self) -> bool:
+    return not self._finalizer.alive
 
   def close(self) -> None:
     self._finalizer()
@@ -603,6 +614,8 @@ class MultiprocessChunkProducer:
     try:
       self.start()
       if c not in self._chunks:
+        if self._pool.closed:
+          raise ClosedWhileWaitingError()  # Cleared by close() in another thread: not the end of the data.
         return None
       start, stop, w = self._chunks[c]
       if w == _LOCAL:
@@ -612,7 +625,11 @@ class MultiprocessChunkProducer:
       self._pool.error = e  # A dead worker: this iterator cannot continue.
       self._pool.close()
       raise
+    except ClosedWhileWaitingError:
+      raise  # The workers are gone for good: nothing to restart.
     except BaseException:
+      if self._pool.closed:
+        raise ClosedWhileWaitingError() from None  # E.g. a pipe closed under the wait.
       if self._pool.interrupted_waiting:
         raise  # Ctrl-C while waiting: the next call waits for the same chunk.
       # E.g. KeyboardInterrupt while a message was read or sent: it may be
@@ -624,6 +641,12 @@ class MultiprocessChunkProducer:
       self._pool.restart()
       self._restarts = self._pool.restarts
       raise
+    if self._pool.closed or c not in self._chunks:  # close() in another thread meanwhile.
+      try:
+        ipc.release(msg[_DESC])  # Or the closing pool's sweep removes it.
+      except OSError:
+        pass
+      raise ClosedWhileWaitingError()
     del self._chunks[c]
     self._pool.load[w] = max(0, self._pool.load[w] - (stop - start))
     _, _, _, _, desc, failure, seconds = msg
