@@ -87,8 +87,17 @@ def stop_iteration_error(fn: Callable[..., Any], error: StopIteration) -> Runtim
   RuntimeError for the same reason). A source's StopIteration still ends a
   stream (a source that streams, see loader.source).
   """
-  return RuntimeError(f"{fn_name(fn)} raised StopIteration ({error!r}); a map or filter must not end the stream: "
+  return RuntimeError(f"{fn_name(fn)} raised StopIteration ({error!r}); a map, filter, flat_map or batch_fn "
+                      "must not end the stream: "
                       "catch it inside the function (e.g. next(it, None)) or end the data at its source.")
+
+
+def call_user(fn: Callable[..., Any], *args: Any) -> Any:
+  """`fn(*args)` for a user function called once per batch or split (see stop_iteration_error)."""
+  try:
+    return fn(*args)
+  except StopIteration as e:
+    raise stop_iteration_error(fn, e) from e
 
 
 def fn_name(fn: Callable[..., Any]) -> str:

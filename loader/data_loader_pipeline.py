@@ -91,7 +91,7 @@ class _BatchRecords:
     self.__name__ = checks.fn_name(self.batch_fn)
 
   def __call__(self, records: Sequence[record.Record]) -> record.Record:
-    return record.Record(records[-1].metadata.remove_record_key(), self.batch_fn([r.data for r in records]))
+    return record.Record(records[-1].metadata.remove_record_key(), checks.call_user(self.batch_fn, [r.data for r in records]))
 
 
 def record_data(r: record.Record) -> Any:
@@ -199,7 +199,7 @@ class _SplitRecord:
     self.__name__ = checks.fn_name(fn)
 
   def __call__(self, r: record.Record) -> list[record.Record]:
-    parts = list(self.fn(r.data))
+    parts = list(checks.call_user(self.fn, r.data))
     if self.max_fan_out is not None and len(parts) > self.max_fan_out:
       raise ValueError(f"FlatMap {checks.fn_name(self.fn)} split an element into {len(parts)} parts, "
                        f"more than its max_fan_out={self.max_fan_out}; raise max_fan_out.")

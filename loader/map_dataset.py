@@ -682,4 +682,4 @@ class BatchMapDataset(MapDataset[S]):
       if records is not None:  # Bytes records: a batch is their object array, as make_batch builds it.
         return [records[o:o + c].copy() for o, c in spans]
     items = self._parent._getitems(flat)
-    return [batch_fn(items[o:o + c]) for o, c in spans]
+    return [checks.call_user(batch_fn, items[o:o + c]) for o, c in spans]

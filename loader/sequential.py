@@ -179,7 +179,7 @@ class _BatchIterator(_ParentPositionIterator[S]):
       except StopIteration:
         break
     if values and not (self._drop_remainder and len(values) < self._batch_size):
-      return self._batch_fn(values)
+      return checks.call_user(self._batch_fn, values)
     raise StopIteration
 
 
@@ -408,9 +408,10 @@ class WithSeedIterDataset(SequentialIterDataset[T]):
 class _CountingIterator(DatasetIterator[S]):
   """Applies fn(position, element); state = parent's + elements produced."""
 
-  def __init__(self, parent: DatasetIterator, fn: Callable[[int, Any], S]):
+  def __init__(self, parent: DatasetIterator, fn: Callable[[int, Any], S], user_fn: Callable[..., Any] | None = None):
     super().__init__(parent)
     self._fn = fn
+    self._user_fn = user_fn or fn  # Named in errors.
     self._index = 0
 
   def __next__(self) -> S:
@@ -419,7 +420,7 @@ class _CountingIterator(DatasetIterator[S]):
     try:
       y = self._fn(self._index, x)
     except StopIteration as e:
-      raise checks.stop_iteration_error(self._fn, e) from e
+      raise checks.stop_iteration_error(self._user_fn, e) from e
     self._index += 1
     return y
 
@@ -469,4 +470,4 @@ class RandomMapIterDataset(SequentialIterDataset[S]):
 
   def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[S]:
     fn, seed = self._fn, self._seed
-    return _CountingIterator(parent, lambda i, x: fn(x, checks.element_rng(seed, i)))
+    return _CountingIterator(parent, lambda i, x: fn(x, checks.element_rng(seed, i)), fn)

@@ -368,6 +368,38 @@ def test_stop_iteration_from_a_user_function_is_an_error_not_the_end(stage, work
     ds = ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
   it = iter(ds)
   got = [next(it) for _ in range(5)]
-  with pytest.raises(RuntimeError, match=r"raised StopIteration .*a map or filter must not end the stream"):
+  with pytest.raises(RuntimeError, match=r"raised StopIteration .*must not end the stream"):
     next(it)
   assert got == [0, 1, 2, 3, 4] and list(it) == [6, 7, 8, 9]
+
+
+class _SplitsStopAt5(loader.experimental.FlatMapTransform):
+  max_fan_out = 2
+
+  def flat_map(self, element):
+    _stops_at_5(element)
+    return [element, element]
+
+
+def _batch_stops_at_5(values):
+  for v in values:
+    _stops_at_5(v)
+  return list(values)
+
+
+@pytest.mark.parametrize("stage", ["flat_map map", "flat_map iter", "batch_fn map", "batch_fn iter", "DataLoader"])
+def test_stop_iteration_from_flat_map_or_batch_fn_is_an_error_not_the_end(stage):
+  ds = loader.MapDataset.range(10)
+  if stage == "flat_map map":
+    ds = loader.experimental.FlatMapMapDataset(ds, _SplitsStopAt5()).to_iter_dataset()
+  elif stage == "flat_map iter":
+    ds = loader.experimental.FlatMapIterDataset(ds.to_iter_dataset(), _SplitsStopAt5())
+  elif stage == "batch_fn map":
+    ds = ds.batch(2, batch_fn=_batch_stops_at_5).to_iter_dataset()
+  elif stage == "batch_fn iter":
+    ds = ds.to_iter_dataset().batch(2, batch_fn=_batch_stops_at_5)
+  else:
+    ds = loader.DataLoader(data_source=list(range(10)), sampler=loader.samplers.SequentialSampler(
+        10, loader.sharding.NoSharding()), operations=[loader.transforms.Batch(2, batch_fn=_batch_stops_at_5)])
+  with pytest.raises(RuntimeError, match=r"raised StopIteration .*must not end the stream"):
+    list(ds)

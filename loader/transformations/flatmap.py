@@ -73,7 +73,7 @@ class FlatMapMapDataset(map_lib.MapDataset[T]):
     return True
 
   def _split(self, element: Any) -> Sequence[Any]:
-    splits = _as_sequence(self._flat_map(element))
+    splits = _as_sequence(checks.call_user(self._flat_map, element))
     if len(splits) > self._max_fan_out:
       raise ValueError(
           f"flat_map of {checks.fn_name(self._flat_map)} returned {len(splits)} elements for one input, "
@@ -143,7 +143,7 @@ class _FlatMapIterator(iter_lib.DatasetIterator[T]):
         self._buffer, self._next = None, 0
       x = next(self._parent)  # StopIteration ends the stream.
       try:
-        self._buffer = _as_sequence(self._flat_map(x))
+        self._buffer = _as_sequence(checks.call_user(self._flat_map, x))
       except Exception:
         # As in Grain, an element whose flat_map raises is consumed: the
         # state and the next call go on after it, from its first split.
