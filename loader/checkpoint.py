@@ -96,18 +96,22 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
   return state
 
 
-_FORMAT_LINE = re.compile(rb'"format": "' + re.escape(_FORMAT.encode()) + rb'"')
+_FORMAT_LINE = re.compile(rb'"format"\s*:\s*"' + re.escape(_FORMAT.encode()) + rb'"')
 _PEEK_BYTES = 1 << 16
 
 
 def _check_replaceable(path: str) -> None:
   """Refuses to replace what is not an earlier loader state (model weights, a device, a folder)."""
   try:
-    st = os.stat(path)
+    st = os.lstat(path)
   except (FileNotFoundError, NotADirectoryError):
     return
   except OSError:
     return  # The save itself will say what is wrong with the path.
+  if stat.S_ISLNK(st.st_mode) and not path.endswith(os.sep):
+    return  # The save replaces the link itself; what it points to is left as it is.
+  if stat.S_ISLNK(st.st_mode):
+    st = os.stat(path)
   if stat.S_ISDIR(st.st_mode):
     raise IsADirectoryError(errno.EISDIR, f"Cannot save the iterator state to {path}: it is a folder; give a file "
                                           f"path, e.g. {os.path.join(path, 'iterator_state.json')}", path)
