@@ -111,6 +111,15 @@ def device_put(batch: Any, sharding: jax.sharding.Sharding | None = None) -> Any
   return jax.tree_util.tree_map_with_path(put, batch)
 
 
+class _Failed:
+  """A prefetched batch that could not be read or put on device: its error."""
+
+  __slots__ = ("error",)
+
+  def __init__(self, error: Exception):
+    self.error = error
+
+
 class DevicePrefetchIterator(Iterator[Any]):
   """Keeps `buffer_size` batches on device ahead of the one being consumed.
 
@@ -162,12 +171,17 @@ class DevicePrefetchIterator(Iterator[Any]):
     self._fill(self._buffer_size + 1)
     if not self._buffer:
       raise StopIteration
-    return self._buffer.popleft()[1]
+    item = self._buffer.popleft()[1]
+    if isinstance(item, _Failed):
+      raise item.error  # At the step of the batch that failed, after the good ones before it.
+    return item
 
   def _fill(self, size: int) -> None:
     if self._sharding is None:
       self._sharding = batch_sharding()
     while len(self._buffer) < size and not self._exhausted:
+      if self._buffer and isinstance(self._buffer[-1][1], _Failed):
+        return  # Nothing is read past a failed batch before its error is raised.
       # Deep copy: an iterator may hand out (and later mutate) its live dict.
       state = copy.deepcopy(self._host.get_state()) if self._checkpointable else None
       try:
@@ -175,7 +189,13 @@ class DevicePrefetchIterator(Iterator[Any]):
       except StopIteration:
         self._exhausted = True
         return
-      self._buffer.append((state, device_put(host_batch, self._sharding)))
+      except Exception as e:  # pylint: disable=broad-except  # Raised at its own step, see __next__.
+        self._buffer.append((state, _Failed(e)))
+        return
+      try:
+        self._buffer.append((state, device_put(host_batch, self._sharding)))
+      except Exception as e:  # pylint: disable=broad-except
+        self._buffer.append((state, _Failed(e)))
 
   @property
   def _checkpointable(self) -> bool:

@@ -245,6 +245,28 @@ def _case_prefetch_loader_pipeline():
     assert [np.asarray(b["v"]).tolist() for b in resumed] == want[k + 1 :], k
 
 
+def _case_prefetch_error_at_its_step():
+  # A batch that cannot be put on device (an object field in host batch 2)
+  # fails at its own step, after the good batches prefetched before it.
+  import loader
+  from loader import jax as ljax
+
+  def row(i):
+    return {"x": np.float32(i), "s": b"t" if 16 <= i < 24 else np.float32(0)}
+
+  ds = loader.MapDataset.range(40).map(row).batch(8, drop_remainder=True).to_iter_dataset()
+  it = ljax.prefetch_to_device(iter(ds), size=2)
+  firsts = [float(next(it)["x"][0]) for _ in range(2)]
+  assert firsts == [0.0, 8.0], firsts
+  try:
+    next(it)
+    raise AssertionError("batch 2 was put on device")
+  except TypeError as e:
+    assert "Batch leaf ['s'] has dtype object" in str(e), e
+  assert [float(b["x"][0]) for b in it] == [24.0, 32.0]  # The stream goes on after the failed batch.
+  print("ok")
+
+
 def _case_no_jax_on_import():
   import loader  # noqa: F401
   import loader.example  # noqa: F401
@@ -292,6 +314,10 @@ def test_prefetch_yields_host_sequence():
 
 def test_prefetch_state_roundtrip():
   _run_case("prefetch_state_roundtrip")
+
+
+def test_prefetch_raises_a_bad_batchs_error_at_its_own_step():
+  assert "ok" in _run_case("prefetch_error_at_its_step")
 
 
 def test_prefetch_with_loader_pipeline():
