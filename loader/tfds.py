@@ -383,6 +383,21 @@ def tfds_feature_decoder(dataset_dir: str | os.PathLike,
   """
   dataset_dir = _normalize_dir(dataset_dir)
   read_dataset_info(dataset_dir)  # A clear error for a wrong folder.
+  _check_features_json(dataset_dir)
   decoder = _TfdsFeatureDecoder(dataset_dir, decoders)
   _ = decoder.features  # Fail here, not in a worker, if features.json is bad.
   return decoder
+
+
+def _check_features_json(dataset_dir: str) -> None:
+  """One line naming features.json when it is missing or not JSON (TFDS's own errors point elsewhere)."""
+  path = _join(dataset_dir, "features.json")
+  fix = "copy it from the TFDS dataset folder that was converted, or convert that folder again"
+  text = _read_text(path)
+  if text is None:
+    raise NotATfdsDatasetError(f"{path} does not exist: decoding records needs the dataset's feature spec; "
+                               f"{fix}.")
+  try:
+    json.loads(text)
+  except ValueError as e:
+    raise NotATfdsDatasetError(f"{path} is not valid JSON ({e}; cut short?); {fix}.") from None

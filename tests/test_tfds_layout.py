@@ -79,6 +79,16 @@ def test_not_a_dataset_dir(tmp_path):
     layout.read_dataset_info(d)
 
 
+def test_a_missing_or_damaged_features_json_is_named(tmp_path):
+  d = tmp_path / "toy" / "1.0.0"
+  _write_info(str(d), [("train", [1], {})])
+  with pytest.raises(layout.NotATfdsDatasetError, match=r"features.json does not exist: decoding records needs"):
+    layout.tfds_feature_decoder(str(d))
+  (d / "features.json").write_text('{"pythonClassName": "tensorflow_datasets.core.features.fea')
+  with pytest.raises(layout.NotATfdsDatasetError, match=r"features.json is not valid JSON \(.*cut short\?\)"):
+    layout.tfds_feature_decoder(str(d))
+
+
 def test_unknown_template_variable_lists_valid_ones():
   info = {"name": "ds", "splits": [{"name": "a", "shardLengths": ["1"],
                                     "filepathTemplate": "{DATASET}.{FORMAT}-{SHARD_INDEX}"}]}
