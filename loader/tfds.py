@@ -335,8 +335,37 @@ def tfds_read_instructions(dataset_dir: str | os.PathLike, split: str) -> list[S
   except (KeyError, ValueError, AssertionError) as e:
     raise ValueError(f"Bad split {split!r} for {dataset_dir!r}: {e} Available splits: "
                      f"{split_names(info)}.") from None
-  return [ShardSlice(path=os.fspath(fi.filename), start=fi.skip, stop=fi.skip + fi.take)
-          for fi in instructions if fi.take > 0]
+  slices = [ShardSlice(path=os.fspath(fi.filename), start=fi.skip, stop=fi.skip + fi.take)
+             for fi in instructions if fi.take > 0]
+  _check_lengths_match_files(dataset_dir, info, {s.path for s in slices})
+  return slices
+
+
+def _check_lengths_match_files(dataset_dir: str, info: Mapping[str, Any], paths: set[str]) -> None:
+  """Refuses slices computed from shardLengths that the local shards contradict (an edited dataset_info.json).
+
+  TFDS cuts a split expression into record ranges from those lengths alone;
+  wrong ones would select other records without any error.
+  """
+  if not _is_local(dataset_dir):
+    return
+  from loader import source  # pylint: disable=g-import-not-at-top  # Its reader, opened on the footer only.
+  wanted = {os.path.abspath(p) for p in paths}
+  for split in split_names(info):
+    relpaths = shard_relpaths(info, split, ARRAY_RECORD)
+    for relpath, expected in zip(relpaths, shard_lengths(info, split)):
+      path = _join(dataset_dir, relpath)
+      if os.path.abspath(path) not in wanted:
+        continue
+      try:
+        actual, _ = source._count_records(path, "readahead_buffer_size:0")  # pylint: disable=protected-access
+      except (OSError, ValueError, RuntimeError):
+        continue  # Missing or damaged: reading it says so, naming it.
+      if actual != expected:
+        raise ValueError(
+            f"{_join(dataset_dir, DATASET_INFO_NAME)} says {relpath} (split {split!r}) holds {expected} records, "
+            f"but the file holds {actual}: split slices would select other records. Restore the "
+            f"{DATASET_INFO_NAME} that came with these shards, or convert the dataset again.")
 
 
 class _TfdsFeatureDecoder:

@@ -299,6 +299,26 @@ def test_loader_read_instructions_follow_tfds_slicing(source, converted):
     _assert_same_examples(got, want)
 
 
+def test_read_instructions_refuse_shard_lengths_the_files_contradict(converted, tmp_path):
+  # An edited dataset_info.json (same total, lengths moved between shards)
+  # would make TFDS select other records without any error.
+  import shutil  # pylint: disable=import-outside-toplevel
+  copy = str(tmp_path / "copy")
+  shutil.copytree(converted, copy)
+  path = os.path.join(copy, "dataset_info.json")
+  with open(path) as f:
+    info = json.load(f)
+  train = next(s for s in info["splits"] if s["name"] == "train")
+  lengths = [int(n) for n in train["shardLengths"]]
+  train["shardLengths"] = [str(lengths[0] - 1), str(lengths[1] + 1), *map(str, lengths[2:])]
+  with open(path, "w") as f:
+    json.dump(info, f)
+  with pytest.raises(ValueError, match=rf"dataset_info.json says .*-train.array_record-00000-of-\d+ \(split 'train'\) "
+                                       rf"holds {lengths[0] - 1} records, but the file holds {lengths[0]}"):
+    tfds_loader.tfds_read_instructions(copy, "train[:25%]")
+  assert tfds_loader.tfds_read_instructions(copy, "test[:2]")  # Other splits' shards agree.
+
+
 def test_loader_decoder_matches_tfds_and_pickles(source, converted):
   from array_record.python.array_record_module import ArrayRecordReader
   decode = pickle.loads(pickle.dumps(tfds_loader.tfds_feature_decoder(converted)))
