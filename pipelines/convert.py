@@ -13,9 +13,9 @@ import sys
 import time
 from typing import Sequence
 
-if __name__ == "__main__":  # `python -m`: a missing extra in one line, as the console script says it.
+if __name__ == "__main__":  # `python -m`: run as the console script (a missing extra, Ctrl-C at start-up: one line).
   from pipelines import entry_points  # pylint: disable=g-import-not-at-top
-  entry_points.exit_if_extra_missing(__spec__.name if __spec__ else "")
+  entry_points.run_as_script(__spec__)
 
 import apache_beam as beam
 

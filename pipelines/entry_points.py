@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 PACKAGE = "arrayrecord-toolkit"
 # Console script -> (module with main(), extra it needs, modules that extra provides).
@@ -51,6 +51,19 @@ def exit_if_extra_missing(module: str) -> None:
     if error:
       print(error, file=sys.stderr)
       raise SystemExit(2)
+
+
+def run_as_script(spec: Any) -> None:
+  """For `python -m <module>`, called before its heavy imports: runs it as its console script, then exits.
+
+  So `python -m pipelines.convert` and `arrayrecord-convert` behave alike: a
+  missing extra, or Ctrl-C while Beam is being imported, is one line, not a
+  traceback. A module run by file path (no spec) goes on as a plain script.
+  """
+  module = getattr(spec, "name", None)
+  for script, (main_module, _, _) in SCRIPTS.items():
+    if main_module == module:
+      raise SystemExit(run(script))
 
 
 def run(script: str, argv: Sequence[str] | None = None) -> int:

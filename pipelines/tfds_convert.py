@@ -31,9 +31,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-if __name__ == "__main__":  # `python -m`: a missing extra in one line, as the console script says it.
+if __name__ == "__main__":  # `python -m`: run as the console script (a missing extra, Ctrl-C at start-up: one line).
   from pipelines import entry_points  # pylint: disable=g-import-not-at-top
-  entry_points.exit_if_extra_missing(__spec__.name if __spec__ else "")
+  entry_points.run_as_script(__spec__)
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions

@@ -431,12 +431,13 @@ def test_ctrl_c_while_beam_starts_its_workers_exits_at_once_leaving_nothing(tmp_
   ft.wait_for(lambda: not any(map(ft.alive, workers)), what="the workers gone")
 
 
-def test_ctrl_c_while_starting_up_is_one_line(tmp_path, dataset):
+@pytest.mark.parametrize("how", ["console script", "python -m"])
+def test_ctrl_c_while_starting_up_is_one_line(tmp_path, dataset, how):
   inp, _ = dataset
   out = tmp_path / "out"
-  # The console script (`python -m pipelines.convert` imports Beam before any of our code runs).
-  proc = subprocess.Popen([sys.executable, "-c", "import sys; from pipelines import entry_points; "
-                           "sys.exit(entry_points.convert())", *convert_args(inp, out)],
+  command = (["-c", "import sys; from pipelines import entry_points; sys.exit(entry_points.convert())"]
+             if how == "console script" else ["-m", "pipelines.convert"])
+  proc = subprocess.Popen([sys.executable, *command, *convert_args(inp, out)],
                           cwd=ft.REPO, env=ft.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
   def importing_beam() -> bool:  # Beam's gRPC extension is loaded while Beam is imported.
