@@ -305,11 +305,12 @@ def build_manifest(results: Iterable[dict[str, Any]], *, output_dir: str,
 def resolved_shards(manifest: dict[str, Any], directory: str) -> list[dict[str, Any]]:
   """The manifest's shard entries with `input` and `output` as full paths.
 
-  Version 1 manifests stored absolute paths; one inside the manifest's own
+  Version 1 manifests stored absolute paths (and manifests written by hand or
+  on Dataflow may name gs:// outputs); one inside the manifest's own
   `output_dir` is re-based onto `directory`, so a copied dataset still names
-  its own files.
+  its own files, as the loader reads them (loader.source._locate_shard).
   """
-  old_base = manifest.get("output_dir") if manifest.get("version", 1) < 2 else None
+  old_base = manifest.get("output_dir")
   out = []
   for s in manifest["shards"]:
     entry = dict(s)

@@ -85,6 +85,23 @@ def test_moved_output_dir_still_checks_manifest(copy, capsys):
   assert "manifest's digest" in capsys.readouterr().out
 
 
+def test_a_copy_whose_manifest_names_absolute_outputs_checks_its_own_files(converted, copy, capsys):
+  # A hand-written (or older) manifest naming the original's files by absolute
+  # path: verify checks the copy's files, which are what the loader reads.
+  inp, original, _ = converted
+  _, out, _ = copy
+  m = json.loads((out / "manifest.json").read_text())
+  m["output_dir"] = str(original)
+  for shard in m["shards"]:
+    shard["output"] = str(original / shard["output"])
+  (out / "manifest.json").write_text(json.dumps(m))
+  target = out / "v.array_record-00000-of-00003"
+  write_array_record(str(target), [b"x", b"y", b"z"])  # Damage the copy only.
+  assert verify.main(args(inp, out)) == 1
+  stdout = capsys.readouterr().out
+  assert f"FAIL {target}" in stdout and "2/3 shard(s) match" in stdout
+
+
 def test_tampered_output_different_records(copy, capsys):
   inp, out, _ = copy
   target = out / "v.array_record-00000-of-00003"
