@@ -87,6 +87,14 @@ def run_script(source: str, lib: str, directory: str | os.PathLike, *args: str, 
   return json.loads(script_output(source, lib, directory, *args, timeout=timeout).strip().splitlines()[-1])
 
 
+def assert_prints_the_same(source: str, directory: str | os.PathLike, *args: str) -> str:
+  """Runs the snippet as a script on Grain and on loader; their outputs must be equal (and not empty)."""
+  grain_out = script_output(source, "grain", directory, *args)
+  assert grain_out.strip(), "the script printed nothing"
+  assert script_output(source, "loader", directory, *args) == grain_out
+  return grain_out
+
+
 def script_output(source: str, lib: str, directory: str | os.PathLike, *args: str, timeout: float = 300) -> str:
   """Runs the snippet as a `__main__` script; returns what it printed (AssertionError if it failed)."""
   path = os.path.join(os.fspath(directory), f"snippet_{lib}.py")

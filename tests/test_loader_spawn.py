@@ -35,16 +35,22 @@ _UNGUARDED = textwrap.dedent("""
 """)
 
 
-def test_script_without_main_guard_runs_and_is_not_reimported_by_workers(tmp_path):
+def _run_marking(script_text: str, tmp_path) -> tuple[subprocess.CompletedProcess, int]:
+  """Runs the script; returns its result and how many processes ran its top level."""
   script = tmp_path / "train.py"
-  script.write_text(_UNGUARDED)
+  script.write_text(script_text)
   marks = tmp_path / "pids.txt"
   out = subprocess.run([sys.executable, str(script), str(marks)], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": _ROOT})
   assert out.returncode == 0, out.stderr
+  return out, len(marks.read_text().split())
+
+
+def test_script_without_main_guard_runs_and_is_not_reimported_by_workers(tmp_path):
+  out, runs = _run_marking(_UNGUARDED, tmp_path)
   assert out.stdout.strip() == str(sum(x * x for x in range(40)))
   assert "bootstrapping" not in out.stderr
-  assert len(marks.read_text().split()) == 1, "a worker re-ran the script"
+  assert runs == 1, "a worker re-ran the script"
 
 
 # Top-level setup that a worker's map relies on: a registry filled at import.
@@ -103,11 +109,6 @@ _GUARDED_SKIPPED = textwrap.dedent("""
 
 
 def test_workers_run_main_false_skips_a_guarded_scripts_top_level(tmp_path):
-  script = tmp_path / "train.py"
-  script.write_text(_GUARDED_SKIPPED)
-  marks = tmp_path / "pids.txt"
-  out = subprocess.run([sys.executable, str(script), str(marks)], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": _ROOT})
-  assert out.returncode == 0, out.stderr
+  out, runs = _run_marking(_GUARDED_SKIPPED, tmp_path)
   assert out.stdout.strip() == str(sum(x + 7 for x in range(40)))
-  assert len(marks.read_text().split()) == 1, "a worker re-ran the script"
+  assert runs == 1, "a worker re-ran the script"

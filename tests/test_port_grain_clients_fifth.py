@@ -49,11 +49,7 @@ for name, make in cases:
 
 @pytest.mark.parametrize("name", ["OPTIONAL_FIELD"])
 def test_client_script_prints_the_same(name, tmp_path):
-  source = globals()[name]
-  grain_out = porting.script_output(source, "grain", tmp_path)
-  loader_out = porting.script_output(source, "loader", tmp_path)
-  assert grain_out.strip(), "the script printed nothing"
-  assert loader_out == grain_out
+  porting.assert_prints_the_same(globals()[name], tmp_path)
 
 
 # A raster-tile client: on Windows with workers it wraps the DataLoader's
@@ -119,6 +115,5 @@ for name, call in [("apply", lambda: grain.MapDataset.range(3).apply([lambda x: 
 
 
 def test_apply_of_a_plain_function_is_grains_not_implemented_error(tmp_path):
-  g = porting.script_output(APPLY_PLAIN_FUNCTION, "grain", tmp_path)
-  assert porting.script_output(APPLY_PLAIN_FUNCTION, "loader", tmp_path) == g
+  g = porting.assert_prints_the_same(APPLY_PLAIN_FUNCTION, tmp_path)
   assert g.split() == ["apply", "NotImplementedError", "apply_transformations", "NotImplementedError"]

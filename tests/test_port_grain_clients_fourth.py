@@ -311,11 +311,7 @@ for f in [True, False]:
 
 @pytest.mark.parametrize("name", ["SIMPLY", "SMALL_CLIENTS", "SELECT_ZIP", "GRPO_LIMIT"])
 def test_client_script_prints_the_same(name, tmp_path):
-  source = globals()[name]
-  grain_out = porting.script_output(source, "grain", tmp_path)
-  loader_out = porting.script_output(source, "loader", tmp_path)
-  assert grain_out.strip(), "the script printed nothing"
-  assert loader_out == grain_out
+  porting.assert_prints_the_same(globals()[name], tmp_path)
 
 
 # An audio repo's eval loader: LimitIterDataset(num_samples) after
