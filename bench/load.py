@@ -1101,8 +1101,11 @@ def render_markdown(result: dict) -> str:
             "Spawned workers run the script's top level before their first element (as Grain's do: setup "
             "such as `jax.config.update` holds in them too), so a top-level `import jax` is paid again in "
             "every worker. The child script is bench/load.py, or bench/jax_main.py (`import jax`, then the "
-            "same code). The `workers_run_main=False` rows opt out of that (not Grain's default, and not "
-            "counted for the target): workers get the pipeline by value and skip the import. Each case runs"
+            "same code)"
+            + (". The `workers_run_main=False` rows opt out of that (not Grain's default, and not counted for "
+               "the target): workers get the pipeline by value and skip the import"
+               if any(c.get("variant") for c in result["startup"]) else "")
+            + "; each case runs"
             f" {result['settings'].get('startup_runs', STARTUP_RUNS)} times in fresh "
             "processes, the median is shown. "
             "Configurations: the `mp x2` rows above.", "",
