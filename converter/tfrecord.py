@@ -292,12 +292,13 @@ class TFRecordReader:
       return "does not exist"
     except OSError:
       return None  # Unreadable now: the read itself says so.
+    if (now.st_size, now.st_mtime_ns) == (before.st_size, before.st_mtime_ns):
+      # Inode numbers alone are not trusted: some FUSE mounts renumber files.
+      return None
     sizes = f"{before.st_size:,} bytes when opened, {now.st_size:,} now"
     if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
       return f"was replaced by another file ({sizes})"
-    if (now.st_size, now.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
-      return f"was modified ({sizes})"
-    return None
+    return f"was modified ({sizes})"
 
   def _corrupt(self, offset: int, reason: str) -> CorruptRecordError:
     return CorruptRecordError(
