@@ -185,17 +185,13 @@ class DevicePrefetchIterator(Iterator[Any]):
       # Deep copy: an iterator may hand out (and later mutate) its live dict.
       state = copy.deepcopy(self._host.get_state()) if self._checkpointable else None
       try:
-        host_batch = next(self._host)
+        item = device_put(next(self._host), self._sharding)
       except StopIteration:
         self._exhausted = True
         return
       except Exception as e:  # pylint: disable=broad-except  # Raised at its own step, see __next__.
-        self._buffer.append((state, _Failed(e)))
-        return
-      try:
-        self._buffer.append((state, device_put(host_batch, self._sharding)))
-      except Exception as e:  # pylint: disable=broad-except
-        self._buffer.append((state, _Failed(e)))
+        item = _Failed(e)
+      self._buffer.append((state, item))
 
   @property
   def _checkpointable(self) -> bool:
