@@ -625,10 +625,10 @@ class MultiprocessChunkProducer:
       self._pool.error = e  # A dead worker: this iterator cannot continue.
       self._pool.close()
       raise
-    except ClosedWhileWaitingError:
-      raise  # The workers are gone for good: nothing to restart.
-    except BaseException:
-      if self._pool.closed:
+    except BaseException as e:
+      if self._pool.closed:  # close() in another thread: the workers are gone for good, nothing to restart.
+        if isinstance(e, ClosedWhileWaitingError):
+          raise
         raise ClosedWhileWaitingError() from None  # E.g. a pipe closed under the wait.
       if self._pool.interrupted_waiting:
         raise  # Ctrl-C while waiting: the next call waits for the same chunk.
