@@ -93,12 +93,6 @@ def _repr_before_short_sources(source: Any) -> str | None:
   return None if text == _source_repr(source) else text
 
 
-def _same_data_source(saved: Any, mine: str, source: Any) -> bool:
-  """Whether a state's data_source names this loader's source, in any form a loader wrote."""
-  return (saved == mine or state_lib.same_but_for_source_identity(saved, mine)
-          or (saved is not None and saved == _repr_before_short_sources(source)))
-
-
 def _grain_source_reprs(source: Any) -> set[str]:
   """The reprs Grain may have recorded for `source` in a checkpoint."""
   reprs = {_source_repr(source)}
@@ -382,7 +376,8 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     source = self._data_loader._data_source  # pylint: disable=protected-access
     differ = [(key, mine) for key, mine in self._data_loader._fingerprint().items()  # pylint: disable=protected-access
               if state.get(key) != mine and not state_lib.same_but_for_source_identity(state.get(key), mine)
-              and not (key == "data_source" and _same_data_source(state.get(key), mine, source))]
+              and not (key == "data_source" and state.get(key) is not None
+                       and state.get(key) == _repr_before_short_sources(source))]
     if ([key for key, _ in differ] == ["operations"] and version == _STATE_VERSION and "last_seen_indices" in state
         and self._data_loader._positions_translate()):  # pylint: disable=protected-access
       # As Grain: other operations (another batch size, a new map) on the
