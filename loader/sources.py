@@ -139,7 +139,10 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
         raise ValueError(f"Record range [{start}:{end}) of {f} is outside its {n} records.")
       first[e], takes[e] = start, end - start
     ends = np.cumsum(takes)
-    self._ranges = {"ends": ends, "offsets": self._starts + first - (ends - takes)}
+    offsets = self._starts + first - (ends - takes)
+    # Hashed once: checkpoints call repr on every get_state.
+    digest = hashlib.sha1(f"{ends.tolist()}:{offsets.tolist()}".encode()).hexdigest()[:8]
+    self._ranges = {"ends": ends, "offsets": offsets, "hash": digest}
 
   def __len__(self) -> int:
     return self._len if self._ranges is None else int(self._ranges["ends"][-1])
@@ -149,8 +152,7 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
     # another order or other record ranges with the same totals are told apart.
     text = f"ArrayRecordDataSource({len(self.paths)} files, {len(self)} records, files_hash={self._files_hash()}"
     if self._ranges is not None:
-      ranges = f"{self._ranges['ends'].tolist()}:{self._ranges['offsets'].tolist()}"
-      text += f", ranges_hash={hashlib.sha1(ranges.encode()).hexdigest()[:8]}"
+      text += f", ranges_hash={self._ranges['hash']}"
     return text + ")"
 
   def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
