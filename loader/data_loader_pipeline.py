@@ -285,10 +285,13 @@ class SamplerMapDataset(map_dataset.MapDataset):
     self._shard_index = shard_options.shard_index
     self._shard_count = shard_options.shard_count
     self._len = _sampler_length(sampler) // self._shard_count
+    self._data_source = data_source
     # Our samplers give record keys for a whole chunk in one call and attach
     # a generator only when an operation can use it (Philox setup costs
-    # microseconds per record); any other sampler is asked one index at a time.
-    self._batched = isinstance(sampler, (samplers_lib.IndexSampler, samplers_lib.SequentialSampler))
+    # microseconds per record); any other sampler, a subclass overriding
+    # __getitem__ included, is asked one index at a time.
+    self._batched = type(sampler).__getitem__ in (samplers_lib.IndexSampler.__getitem__,
+                                                 samplers_lib.SequentialSampler.__getitem__)
     self._rng_seed = sampler._rng_seed if self._batched and with_rng else None  # pylint: disable=protected-access
 
   def __len__(self) -> int:
@@ -313,7 +316,13 @@ class SamplerMapDataset(map_dataset.MapDataset):
                for g, k in zip(global_indices.tolist(), keys.tolist())]
     else:
       metas = [self._sampler[g] for g in global_indices.tolist()]
-      keys = np.array([m.record_key for m in metas], dtype=np.int64)
+      keys = [m.record_key for m in metas]
+      if not all(isinstance(k, (int, np.integer)) for k in keys):
+        # A key that is not an index (a sampler giving a list of indices per
+        # element) goes to the source as it is, as Grain's DataLoader does.
+        data = [self._data_source[k] for k in keys]
+        return data if self._lean else [record.Record(m, d) for m, d in zip(metas, data)]
+      keys = np.array(keys, dtype=np.int64)
     data = self._parent._getitems(keys)  # pylint: disable=protected-access
     if self._lean:
       return data

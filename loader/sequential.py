@@ -9,6 +9,7 @@ output positions are not a function of its input positions). They run after
 from __future__ import annotations
 
 import atexit
+import copy
 import queue
 import threading
 import time
@@ -199,9 +200,7 @@ class ThreadPrefetchIterDataset(SequentialIterDataset[T]):
     return f".prefetch({self._buffer_size})"
 
   def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[T]:
-    if self._buffer_size == 0:
-      return parent
-    return _ThreadPrefetchIterator(parent, self._buffer_size)
+    return ThreadPrefetchDatasetIterator(parent, self._buffer_size)
 
 
 _END = object()
@@ -255,7 +254,9 @@ def _prefetch_loop(parent: DatasetIterator, out: queue.Queue, stop: threading.Ev
       except StopIteration:
         put(_END)
         return
-      if not put((x, parent.get_state())):
+      # A copy: a parent's state may hold containers it goes on changing
+      # while this thread runs ahead (Grain copies it too).
+      if not put((x, copy.deepcopy(parent.get_state()))):
         return
   except BaseException as e:  # pylint: disable=broad-except
     put(_Raised(e))
@@ -267,7 +268,7 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
   def __init__(self, parent: DatasetIterator, buffer_size: int):
     super().__init__(parent)
     self._buffer_size = buffer_size
-    self._state = parent.get_state()
+    self._state = copy.deepcopy(parent.get_state())
     self._thread: threading.Thread | None = None
     self._queue: queue.Queue | None = None
     self._stop: threading.Event | None = None
@@ -306,7 +307,7 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
       # Grain); the next call restarts the thread there.
       self._halt()
       with dataset_iterator.parent_calls():  # Our own position, not a checkpoint.
-        self._state = self._parent.get_state()
+        self._state = copy.deepcopy(self._parent.get_state())
       raise item.error
     x, self._state = item
     return x
@@ -321,7 +322,7 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
   def set_state(self, state: dict[str, Any]) -> None:
     self._halt()
     self._parent.set_state(state)
-    self._state = self._parent.get_state()
+    self._state = copy.deepcopy(self._parent.get_state())
     self._done = False
 
   def _get_next_index(self) -> int:
@@ -336,7 +337,7 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
     self._halt()
     dataset_iterator.set_next_index(self._parent, index)
     with dataset_iterator.parent_calls():
-      self._state = self._parent.get_state()
+      self._state = copy.deepcopy(self._parent.get_state())
     self._done = False
 
   def close(self) -> None:
@@ -379,12 +380,33 @@ class ThreadPrefetchDatasetIterator(_ThreadPrefetchIterator[T]):
       parent = Checkpointable(parent)
     super().__init__(parent, size)
 
+  # With no buffer the caller's thread reads: the parent's own state is
+  # current, and is asked for only when wanted.
+
   def __next__(self) -> T:
     if self._buffer_size:
       return super().__next__()
-    x = next(self._parent)
-    self._state = self._parent.get_state()
-    return x
+    return next(self._parent)
+
+  def get_state(self) -> Any:
+    return super().get_state() if self._buffer_size else self._parent.get_state()
+
+  def set_state(self, state: Any) -> None:
+    if self._buffer_size:
+      super().set_state(state)
+    else:
+      self._parent.set_state(state)
+
+  def _get_next_index(self) -> int:
+    if self._buffer_size:
+      return super()._get_next_index()
+    return dataset_iterator.get_next_index(self._parent)
+
+  def _set_next_index(self, index: int) -> None:
+    if self._buffer_size:
+      super()._set_next_index(index)
+    else:
+      dataset_iterator.set_next_index(self._parent, index)
 
 
 class WithSeedIterDataset(SequentialIterDataset[T]):

@@ -1,0 +1,143 @@
+"""A sixth set of public Grain client patterns, run on Grain 0.2.18 and, with only the import line changed, on loader.
+
+Found by the 2026-11-27 audit (round 7) in public code: a MovieLens ranker
+(an `IndexSampler` subclass whose `__getitem__` gives a list of indices per
+element, read by a source that takes lists), a streaming client whose custom
+iterator hands out its live state under `ThreadPrefetchIterDataset`, and
+Flax/kauldron-style pipeline tests on `tfds.testing.mock_data`.
+
+Scripts run as `__main__` on each library in a fresh process; their output
+must be the same.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import porting
+
+# A sampler subclass's own __getitem__ decides the record keys (and may give
+# a list of indices per element: the source is then asked with that list).
+SAMPLER_SUBCLASS = """
+from absl import flags; flags.FLAGS.mark_as_parsed()
+import numpy as np
+import grain
+
+class Shifted(grain.samplers.IndexSampler):
+  def __getitem__(self, index):
+    m = super().__getitem__(index)
+    return grain.RecordMetadata(index=m.index, record_key=m.record_key + 100, rng=m.rng)
+
+class Reversed(grain.samplers.SequentialSampler):
+  def __getitem__(self, index):
+    m = super().__getitem__(index)
+    return grain.RecordMetadata(index=m.index, record_key=self._num_records - 1 - m.record_key)
+
+class Blocks(grain.samplers.IndexSampler):
+  # One element per block of 4 records, shuffled inside with the sampler's rng.
+  def __init__(self, num_records, seed):
+    self.total = num_records
+    super().__init__(num_records=num_records // 4, shard_options=grain.sharding.NoSharding(),
+                     shuffle=True, seed=seed, num_epochs=1)
+  def __repr__(self):
+    return f"Blocks({self.total}, {self._seed})"
+  def __getitem__(self, index):
+    m = super().__getitem__(index)
+    keys = np.arange(m.record_key * 4, m.record_key * 4 + 4)
+    m.rng.shuffle(keys)
+    return grain.RecordMetadata(index=m.index, record_key=keys.tolist(), rng=m.rng)
+
+class Source:
+  def __len__(self):
+    return 400
+  def __getitem__(self, key):
+    return [k * 10 for k in key] if isinstance(key, list) else key * 10
+  def __repr__(self):
+    return "Source(400)"
+
+class Negatives(grain.transforms.RandomMap):
+  def random_map(self, element, rng):
+    return {"block": element, "negative": int(rng.integers(0, 50))}
+
+if __name__ == "__main__":  # Spawned workers run the top level again.
+  no_shard = grain.sharding.NoSharding()
+  print("shifted", list(grain.DataLoader(
+      data_source=Source(), sampler=Shifted(num_records=5, shard_options=no_shard, num_epochs=1))))
+  print("shifted, 2 workers", list(grain.DataLoader(
+      data_source=Source(), sampler=Shifted(num_records=5, shard_options=no_shard, num_epochs=1), worker_count=2)))
+  print("reversed", list(grain.DataLoader(data_source=Source(), sampler=Reversed(6, no_shard))))
+
+  loader = grain.DataLoader(data_source=Source(), sampler=Blocks(40, seed=3), operations=[Negatives()])
+  it = iter(loader)
+  print("blocks", [next(it) for _ in range(3)])
+  state = it.get_state()
+  rest = list(it)
+  print("blocks rest", rest)
+  again = iter(grain.DataLoader(data_source=Source(), sampler=Blocks(40, seed=3), operations=[Negatives()]))
+  again.set_state(state)
+  print("resumed equal", list(again) == rest)
+"""
+
+# A custom iterator whose get_state() returns its live containers: the state
+# handed out with each element is a copy taken then, whatever the prefetch
+# thread does afterwards; iter() of the dataset is Grain's iterator class.
+PREFETCH_STATE_COPY = """
+from absl import flags; flags.FLAGS.mark_as_parsed()
+import time
+import grain
+
+class Seen(grain.DatasetIterator):
+  def __init__(self):
+    super().__init__()
+    self.seen = []
+  def __next__(self):
+    if len(self.seen) == 20:
+      raise StopIteration
+    self.seen.append(len(self.seen))
+    return self.seen[-1]
+  def get_state(self):
+    return {"seen": self.seen}
+  def set_state(self, state):
+    self.seen = list(state["seen"])
+
+class Stream(grain.IterDataset):
+  def __iter__(self):
+    return Seen()
+
+for size in (0, 4):
+  ds = grain.experimental.ThreadPrefetchIterDataset(Stream(), prefetch_buffer_size=size)
+  it = iter(ds)
+  print(size, "type", type(it).__name__, isinstance(it, grain.experimental.ThreadPrefetchDatasetIterator))
+  print(size, "first", [next(it) for _ in range(3)])
+  time.sleep(0.2)  # The prefetch thread runs ahead meanwhile.
+  state = it.get_state()
+  print(size, "state", state["seen"])
+  again = iter(grain.experimental.ThreadPrefetchIterDataset(Stream(), prefetch_buffer_size=size))
+  again.set_state(state)
+  print(size, "resumed", list(again) == list(it))
+"""
+
+# tfds.testing.mock_data: the mocked source's __getitems__ cannot be called
+# with keys; Grain reads by index, and so must every batched read of ours.
+TFDS_MOCK = """
+from absl import flags; flags.FLAGS.mark_as_parsed()
+import logging
+logging.disable(logging.WARNING)
+import tensorflow_datasets as tfds
+import grain
+
+with tfds.testing.mock_data(num_examples=12, policy=tfds.testing.MockPolicy.USE_CODE):
+  src = tfds.data_source("mnist", split="train")
+  print("MapDataset.batch", grain.MapDataset.source(src).batch(4)[1]["label"].tolist())
+  ds = (grain.MapDataset.source(src).shuffle(seed=0)
+        .to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=8)).batch(3))
+  print("shuffled batches", [b["label"].tolist() for b in ds])
+  print("images", [int(x["image"].sum()) for x in grain.MapDataset.source(src).slice(slice(2, 8)).to_iter_dataset()])
+  print("DataLoader", [int(x["label"]) for x in grain.DataLoader(
+      data_source=src, sampler=grain.samplers.IndexSampler(len(src), grain.sharding.NoSharding(), num_epochs=1))])
+"""
+
+
+@pytest.mark.parametrize("name", ["SAMPLER_SUBCLASS", "PREFETCH_STATE_COPY", "TFDS_MOCK"])
+def test_client_script_prints_the_same(name, tmp_path):
+  porting.assert_prints_the_same(globals()[name], tmp_path)
