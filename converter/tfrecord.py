@@ -19,6 +19,7 @@ import numpy as np
 
 from converter.errors import CompressionMismatchError, CorruptRecordError, InputError, NotTFRecordError
 from loader.ondisk import RIEGELI_SIGNATURE, is_local
+from loader.iter_sources import tfrecord as tfrecord_source
 
 COMPRESSIONS = ("auto", "gzip", "zlib", "none")
 _HEADER = struct.Struct("<QI")
@@ -44,11 +45,8 @@ def detect_compression(head: bytes) -> str:
   """Guesses 'gzip', 'zlib' or 'none' from a file's first bytes."""
   if len(head) == 0 or _is_uncompressed_header(head):
     return "none"
-  if head[:2] == b"\x1f\x8b":
-    return "gzip"
-  if len(head) >= 2 and head[0] & 0x0F == 8 and ((head[0] << 8) | head[1]) % 31 == 0:
-    return "zlib"
-  return "none"  # Let the record checks report what is wrong with it.
+  # Anything else is left to the record checks, which report what is wrong with it.
+  return tfrecord_source.compressed_kind(head) or "none"
 
 
 def check_compression(compression: str) -> str:
@@ -193,8 +191,10 @@ class TFRecordReader:
     path: Local path or any URI Beam FileSystems can open (gs://...).
     compression: 'auto' (detect from content), 'gzip', 'zlib' or 'none'.
     on_corrupt: 'fail' raises CorruptRecordError; 'skip' drops a record whose
-      data checksum fails, resyncs past a damaged header when a valid record
-      follows, and drops a record cut short at the end of the file. A damaged
+      data checksum fails, resyncs at the next whole valid record past a
+      damaged header or a record whose length does not hold up (no valid header
+      after it, or past the file's end), and drops a record cut short at the
+      end of the file. A damaged
       header with no valid record after it still raises. A damaged GZIP/ZLIB
       stream is read up to the damage (zlib cannot resync past it); 'fail'
       names the first record that cannot be read, 'skip' keeps the records
@@ -341,16 +341,31 @@ class TFRecordReader:
           buf, pos, base, eof = self._refill(chunks, buf, pos, base)
           continue
         present = min(len(buf) - pos - 12, length)
-        self._bad_tail(base + pos, self._cut_reason(
+        reason = self._cut_reason(
             f"the file ends inside the record (header says {length} data bytes, {present} "
-            "present, plus a 4-byte checksum; the file is truncated)"))
+            "present, plus a 4-byte checksum; the file is truncated)")
+        if self.on_corrupt == "skip" and self._stream_damage is None:
+          # A cut record followed by whole ones (a partial download with
+          # another file appended): the records after the cut are kept.
+          buf, pos, base, eof = self._resync(buf, pos, base, chunks, eof, after="cut")
+          continue
+        self._bad_tail(base + pos, reason)
         return
       data = buf[pos + 12:pos + 12 + length]
       if masked_crc(data) != footer_unpack(buf, pos + 12 + length)[0]:
         if self.on_corrupt == "fail":
           raise self._corrupt(base + pos, "data checksum mismatch")
-        stats.skipped += 1
-        pos = end
+        if end + 12 > len(buf) and not eof:
+          buf, pos, base, eof = self._refill(chunks, buf, pos, base)
+          continue
+        if end == len(buf) or _is_uncompressed_header(buf[end:end + 12]):
+          # Only this record's data is damaged: the next record starts where its header says.
+          stats.skipped += 1
+          pos = end
+          continue
+        # Its length is wrong too (a record cut short and another file's
+        # records after it): the next whole record is searched for instead.
+        buf, pos, base, eof = self._resync(buf, pos, base, chunks, eof, after="data")
         continue
       stats.records += 1
       stats.bytes_records += length
@@ -405,11 +420,14 @@ class TFRecordReader:
     return NotTFRecordError(self.path, f"{what}{' (after decompression)' if compressed else ''}",
                             compressed=compressed, skipping=self.on_corrupt == "skip")
 
-  def _resync(self, buf, pos, base, chunks, eof):
-    """After a damaged header: find the next offset where a whole valid record starts.
+  def _resync(self, buf, pos, base, chunks, eof, after: str = "header"):
+    """After a damaged record: find the next offset where a whole valid record starts.
 
-    Returns (buf, pos, base, eof) positioned there. The scan streams: memory
-    holds one chunk (and the candidate record) whatever the file's size.
+    `after` says what was wrong with the record at `pos`: its header ("header"),
+    its data and the length it gave ("data"), or a length running past the
+    file's end ("cut"). Returns (buf, pos, base, eof) positioned there. The
+    scan streams: memory holds one chunk (and the candidate record) whatever
+    the file's size.
     """
     bad_offset = base + pos
     if self.on_corrupt == "fail":
@@ -437,9 +455,10 @@ class TFRecordReader:
         eof = True
         continue
       data, start, lo = data[lo:] + nxt, start + lo, 0
-    if self._stream_damage is not None:
-      # The compressed stream's damage explains the bad header, and nothing
-      # after it can be decoded: a damaged tail, skipped as a cut-off record is.
+    if self._stream_damage is not None or after != "header":
+      # The compressed stream's damage explains the bad header, or the
+      # damaged record runs to the file's end: nothing after it can be read,
+      # a damaged tail, skipped as a cut-off record is.
       self.stats.skipped += 1
       self.stats.truncated = True
       return data, len(data), start, True

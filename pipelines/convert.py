@@ -56,7 +56,15 @@ def summarize(manifest: dict, seconds: float, output_dir: str) -> str:
     lines.append(f"Kept {trusted} shard(s) as the earlier manifest describes them (size and record count "
                  f"checked, records not re-read); arrayrecord-verify re-reads them.")
   if t["corrupt_records_skipped"]:
-    lines.append(f"Skipped {t['corrupt_records_skipped']} corrupt record(s); see the manifest.")
+    # A damaged stretch is skipped whole: how many records it held is unknown.
+    lines.append(f"Skipped {t['corrupt_records_skipped']} corrupt record(s) (a damaged stretch of "
+                 "several records counts once); see the manifest.")
+  cut = [s["input"] for s in manifest["shards"] if s.get("input_truncated")]
+  if cut:
+    shown = ", ".join(cut[:3]) + (f" and {len(cut) - 3} more" if len(cut) > 3 else "")
+    lines.append(f"{len(cut)} input(s) end early (truncated, or damaged to the end): their records after "
+                 f"the damage are lost: {shown}. Re-download them and rerun with --overwrite to convert "
+                 "them whole.")
   for s in manifest["shards"]:
     if s["status"] == "failed":
       lines.append(f"FAILED {s['input']}: {s['error']}")

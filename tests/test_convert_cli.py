@@ -207,9 +207,18 @@ def test_corrupt_input_fail_and_skip(tmp_path, dataset, capsys, ar_read):
   out2 = tmp_path / "out2"
   assert convert.main(["--input", str(inp / "*"), "--output", str(out2),
                        "--on-corrupt", "skip"]) == 0
-  assert "Skipped 1 corrupt record(s)" in capsys.readouterr().out
+  out_text = capsys.readouterr().out
+  assert "Skipped 1 corrupt record(s)" in out_text and "end early" not in out_text
   assert ar_read(str(out2 / out_name(name))) == recs[name][:1] + recs[name][2:]
   assert manifest(out2)["totals"]["corrupt_records_skipped"] == 1
+
+  # A truncated input: the summary says which, and that its tail is lost.
+  path.write_bytes(bytes(data[:len(data) - 3]))
+  out3 = tmp_path / "out3"
+  assert convert.main(["--input", str(inp / "*"), "--output", str(out3), "--on-corrupt", "skip", "--quiet"]) == 0
+  out_text = capsys.readouterr().out
+  assert f"1 input(s) end early (truncated, or damaged to the end): their records after the damage are lost: {path}." \
+      in out_text and "rerun with --overwrite" in out_text
 
 
 def test_unrecoverable_input_exits_nonzero(tmp_path, tf_write, capsys, ar_read):

@@ -81,6 +81,37 @@ def test_tfrecord_damage_is_reported_with_its_offset(tmp_path):
     list(experimental.TFRecordIterDataset(str(compressed)))
 
 
+@pytest.mark.parametrize("claim", [1 << 39, 2**64 - 13])
+def test_tfrecord_header_claiming_more_than_the_file_holds(tmp_path, claim):
+  # A header whose checksum matches but whose length the file cannot hold
+  # (a foreign or buggy writer): the file and offset are named, nothing is
+  # allocated for it, and a retry stays at that record.
+  from converter import tfrecord
+  good = _write_tfrecord(tmp_path / "good.tfrecord", [b"a" * 800] * 2)
+  head = claim.to_bytes(8, "little")
+  path = tmp_path / "claims.tfrecord"
+  path.write_bytes(open(good, "rb").read() + head + tfrecord.masked_crc(head).to_bytes(4, "little") + b"b" * 900)
+  it = iter(experimental.TFRecordIterDataset(str(path)))
+  assert [next(it), next(it)] == [b"a" * 800] * 2
+  with pytest.raises(ValueError, match=f"claims.tfrecord at byte 1632: the file ends inside a record of {claim} bytes"):
+    next(it)
+  assert it.get_state()["reader_offset"] == 1632
+
+
+def test_tfrecord_plain_file_starting_like_zlib_gets_no_compression_hint(tmp_path):
+  # A 376-byte record's length starts 78 01, a zlib header: a damaged length
+  # checksum there is reported as such, not as a compressed file.
+  path = _write_tfrecord(tmp_path / "r376.tfrecord", [b"x" * 376] * 3)
+  data = bytearray(open(path, "rb").read())
+  assert data[:2] == b"\x78\x01"
+  data[8] ^= 1
+  open(path, "wb").write(bytes(data))
+  with pytest.raises(ValueError) as e:
+    list(experimental.TFRecordIterDataset(path))
+  assert "at byte 0: the record length's checksum does not match." in str(e.value)
+  assert "compressed" not in str(e.value)
+
+
 def _write_parquet(path, start, n, row_group_size):
   table = pa.table({"id": np.arange(start, start + n, dtype=np.int64),
                     "name": [f"row{i}" for i in range(start, start + n)],

@@ -106,6 +106,47 @@ def test_detect_compression():
   assert detect_compression(gzip.compress(b"abc")) == "gzip"
   assert detect_compression(zlib.compress(b"abc")) == "zlib"
   assert detect_compression(b"\x00" * 16) == "none"  # Not a valid header either.
+  # Magic bytes that do not start a stream zlib can decode: a plain file's.
+  assert detect_compression(b"\x78\x01" + bytes(14)) == "none"
+  assert detect_compression(b"\x1f\x8b\x07" + bytes(13)) == "none"
+
+
+@pytest.mark.parametrize("mode", ["fail", "skip"])
+def test_plain_file_starting_like_zlib_with_a_damaged_first_header(tmp_path, tf_write, mode):
+  # A 376-byte record's length bytes start 78 01, a zlib header.
+  recs = [bytes([i]) * 376 for i in range(100)]
+  path = tmp_path / "r376.tfrecord"
+  tf_write(str(path), recs)
+  data = bytearray(path.read_bytes())
+  assert data[:2] == b"\x78\x01"
+  data[8] ^= 1  # The first length checksum.
+  path.write_bytes(bytes(data))
+  reader = TFRecordReader(str(path), on_corrupt=mode)
+  if mode == "fail":
+    with pytest.raises(CorruptRecordError) as e:
+      list(reader)
+    assert (e.value.record_index, e.value.offset) == (0, 0) and "length checksum mismatch" in str(e.value)
+  else:
+    assert list(reader) == recs[1:]
+    assert (reader.stats.skipped, reader.stats.truncated, reader.detected_compression) == (1, False, "none")
+
+
+@pytest.mark.parametrize("after", ["claim_past_the_end", "claim_inside_the_file"])
+def test_a_cut_record_with_another_files_records_after_it_keeps_them(tmp_path, tf_write, after):
+  # `cat a.part b.tfrecord`: a download cut inside a record, another file after
+  # it. The cut record's header claims bytes that are not its own.
+  big = [bytes([i]) * 100_000 for i in range(5)]
+  small = [b"small-%05d" % i for i in range(50 if after == "claim_past_the_end" else 6000)]
+  a = open(tf_write(str(tmp_path / "a"), big), "rb").read()
+  b = open(tf_write(str(tmp_path / "b"), small), "rb").read()
+  path = tmp_path / "merged.tfrecord"
+  path.write_bytes(a[:3 * (100_000 + 16) + 12 + 5000] + b)
+  reader = TFRecordReader(str(path), on_corrupt="skip")
+  assert list(reader) == big[:3] + small
+  assert (reader.stats.skipped, reader.stats.truncated) == (1, False)
+  with pytest.raises(CorruptRecordError) as e:
+    list(TFRecordReader(str(path)))
+  assert (e.value.record_index, e.value.offset) == (3, 3 * (100_000 + 16))
 
 
 @pytest.mark.parametrize("kind", ["none", "gzip"])
@@ -428,26 +469,41 @@ def _resync_reference(data: bytes) -> tuple[list[bytes], int]:
   """The skip-mode records of a damaged uncompressed file, the slow way: all in memory, every offset tried."""
   records, skipped, pos = [], 0, 0
   crc = tfrecord.masked_crc
+
+  def valid_header(i: int) -> bool:
+    return len(data) - i >= 12 and crc(data[i:i + 8]) == tfrecord._HEADER.unpack_from(data, i)[1]
+
+  def next_whole_record(after: int) -> int | None:
+    for i in range(after + 1, len(data) - 11):
+      n = tfrecord._HEADER.unpack_from(data, i)[0]
+      if valid_header(i) and i + 16 + n <= len(data) and \
+          crc(data[i + 12:i + 12 + n]) == tfrecord._FOOTER.unpack_from(data, i + 12 + n)[0]:
+        return i
+    return None
+
   while len(data) - pos >= 12:
-    length, length_crc = tfrecord._HEADER.unpack_from(data, pos)
-    if crc(data[pos:pos + 8]) != length_crc:  # Damaged header: the next offset holding a whole valid record.
-      for i in range(pos + 1, len(data) - 11):
-        n, c = tfrecord._HEADER.unpack_from(data, i)
-        if crc(data[i:i + 8]) == c and i + 16 + n <= len(data) and \
-            crc(data[i + 12:i + 12 + n]) == tfrecord._FOOTER.unpack_from(data, i + 12 + n)[0]:
-          skipped, pos = skipped + 1, i
-          break
-      else:
-        return records, -1  # Nothing valid after it: the reader raises.
-      continue
+    length = tfrecord._HEADER.unpack_from(data, pos)[0]
     end = pos + 16 + length
-    if end > len(data):
-      return records, skipped + 1
-    if crc(data[pos + 12:end - 4]) == tfrecord._FOOTER.unpack_from(data, end - 4)[0]:
+    if not valid_header(pos):  # Damaged header: the next offset holding a whole valid record.
+      found = next_whole_record(pos)
+      if found is None:
+        return records, -1  # Nothing valid after it: the reader raises.
+      skipped, pos = skipped + 1, found
+      continue
+    if end <= len(data) and crc(data[pos + 12:end - 4]) == tfrecord._FOOTER.unpack_from(data, end - 4)[0]:
       records.append(data[pos + 12:end - 4])
-    else:
-      skipped += 1
-    pos = end
+      pos = end
+      continue
+    # A damaged record whose length holds up (the file ends there, or a valid
+    # header follows) is skipped by its length; otherwise (a cut record, the
+    # length damaged too) the next whole record is searched for.
+    if end <= len(data) and (end == len(data) or valid_header(end)):
+      skipped, pos = skipped + 1, end
+      continue
+    found = next_whole_record(pos)
+    if found is None:
+      return records, skipped + 1  # Damaged to the end: a truncated input.
+    skipped, pos = skipped + 1, found
   return records, skipped + (len(data) > pos)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import struct
+import zlib
 from typing import Any, BinaryIO
 
 import crc32c
@@ -34,12 +35,42 @@ def _masked_crc(data: bytes) -> int:
   return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-def _compression_hint(head: bytes) -> str:
+def compressed_kind(head: bytes) -> str | None:
+  """'gzip' or 'zlib' where a file's first bytes start such a stream, else None.
+
+  The magic bytes alone also start plain files (a 376-byte record's length is
+  78 01 ...): the stream must also decode, up to its first output byte. A
+  stream damaged later decodes up to there and still counts.
+  """
   if head[:2] == b"\x1f\x8b":
-    return " It looks GZIP-compressed: TFRecordIterDataset reads uncompressed files (as Grain's does)."
-  if len(head) >= 2 and head[0] & 0x0F == 8 and ((head[0] << 8) | head[1]) % 31 == 0:
-    return " It looks ZLIB-compressed: TFRecordIterDataset reads uncompressed files (as Grain's does)."
-  return ""
+    kind, wbits = "gzip", 16 + zlib.MAX_WBITS
+  elif len(head) >= 2 and head[0] & 0x0F == 8 and ((head[0] << 8) | head[1]) % 31 == 0:
+    kind, wbits = "zlib", zlib.MAX_WBITS
+  else:
+    return None
+  d = zlib.decompressobj(wbits)
+  try:
+    for i in range(0, min(len(head), 4096), 16):
+      if d.decompress(head[i:i + 16], 1):
+        return kind
+  except zlib.error:
+    return None
+  return kind
+
+
+def _compression_hint(head: bytes) -> str:
+  kind = compressed_kind(head)
+  if kind is None:
+    return ""
+  return f" It looks {kind.upper()}-compressed: TFRecordIterDataset reads uncompressed files (as Grain's does)."
+
+
+def _bytes_left(f: BinaryIO) -> int | None:
+  """Bytes from `f`'s position to its end, where its size is known."""
+  try:
+    return os.fstat(f.fileno()).st_size - f.tell()
+  except (AttributeError, OSError, ValueError):  # Not a local file (a GCS stream, say).
+    return None
 
 
 class _TFRecordReader:
@@ -77,7 +108,13 @@ class _TFRecordReader:
     length, length_crc = _HEADER.unpack(header)
     if _masked_crc(header[:8]) != length_crc:
       raise self._corrupt(start, "the record length's checksum does not match", header)
-    body = f.read(length + _FOOTER.size)
+    left = _bytes_left(f) if length > _BUFFER_BYTES else None
+    try:
+      # A length the file cannot hold is checked first: reading it would
+      # try to allocate it (a damaged header whose checksum still matches).
+      body = b"" if left is not None and left < length + _FOOTER.size else f.read(length + _FOOTER.size)
+    except (MemoryError, OverflowError):
+      body = b""
     if len(body) < length + _FOOTER.size:
       raise self._corrupt(start, f"the file ends inside a record of {length} bytes")
     data = body[:length]
