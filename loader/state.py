@@ -165,6 +165,12 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
     if a != b:
       hint = (" (the same number of files and records, but other file names or the files in another order)"
               if _SOURCE_IDENTITY.sub("", a) == _SOURCE_IDENTITY.sub("", b) else "")
+      if {_batch_folded(saved), _batch_folded(mine)} == {True, False}:
+        # A batch right after to_iter_dataset() is computed with the reads
+        # (see MapBackedIterDataset); an mp_prefetch between them stops that.
+        hint = (" (one of the two pipelines has an mp_prefetch before its batch and the other has none: "
+                "a state restores into the same pipeline with or without mp_prefetch as when it was saved, "
+                "with any number of workers)")
       raise StateMismatchError(
           f"{owner}.set_state: this state was saved from a different pipeline: operation {i} is "
           f"{a!r} in the saved pipeline but {b!r} in this one{hint} (saved: {' -> '.join(saved)}).")
@@ -172,6 +178,17 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
   raise StateMismatchError(
       f"{owner}.set_state: this state was saved from a different pipeline: the {which} has the extra "
       f"operation(s) {longer[min(len(saved), len(mine)):]} (saved: {' -> '.join(saved)}).")
+
+
+def _batch_folded(ops: Sequence[str]) -> bool | None:
+  """True: a batch after to_iter_dataset() was folded into the reads; False:
+  one came after an unfolded to_iter_dataset() (an mp_prefetch between them)."""
+  pairs = list(zip(ops, ops[1:]))
+  if any(a.startswith("batch(") and b.startswith("to_iter_dataset(unit=") for a, b in pairs):
+    return True
+  if any(a == "to_iter_dataset()" and b.startswith("batch(") for a, b in pairs):
+    return False
+  return None
 
 
 def same_but_for_source_identity(saved: Any, mine: Any) -> bool:

@@ -692,3 +692,33 @@ def test_set_state_keeps_the_worker_processes():
   assert [x for x, _ in rest] == list(range(100, 200))
   assert {p for _, p in rest} == before and os.getpid() not in before and len(before) == 2
   it.close()
+
+
+def test_a_state_saved_without_mp_prefetch_is_refused_with_the_reason():
+  # Without mp_prefetch a batch after to_iter_dataset() is folded into the
+  # reads; with it the batch follows the workers: the descriptions differ.
+  def pipeline(mp: bool, workers: int = 0):
+    ds = loader.MapDataset.range(40).shuffle(seed=3).map(lambda x: x * 2).to_iter_dataset()
+    if mp:
+      ds = ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
+    return ds.batch(4)
+
+  for saved_mp, restored_mp in ((False, True), (True, False)):
+    it = iter(pipeline(saved_mp))
+    next(it)
+    again = iter(pipeline(restored_mp))
+    with pytest.raises(ValueError, match="one of the two pipelines has an mp_prefetch before its batch"):
+      again.set_state(it.get_state())
+  # The same pipeline with another worker count restores.
+  it = iter(pipeline(True, 0))
+  first = [next(it).tolist() for _ in range(3)]
+  again = iter(pipeline(True, 2))
+  again.set_state(it.get_state())
+  assert [b.tolist() for b in again] == [b.tolist() for b in it]
+  assert first
+  # A batch moved from the MapDataset to the IterDataset is another cause.
+  mapped = iter(loader.MapDataset.range(40).batch(4).to_iter_dataset())
+  next(mapped)
+  with pytest.raises(ValueError) as e:
+    iter(pipeline(False)).set_state(mapped.get_state())
+  assert "mp_prefetch" not in str(e.value)
