@@ -73,7 +73,7 @@ def write_corpus(directory: str, corpus: str, docs: int, shards: int = 2, seed: 
     records = [make_example_data.encode_example({"text": ("bytes", [_document(corpus, rng)])})
                for _ in range(docs // shards)]
     path = os.path.join(directory, f"{corpus}.tfrecord-{s:05d}-of-{shards:05d}")
-    make_example_data.write_tfrecord_file(path, records)
+    make_example_data.write_tfrecord_file(path, records, overwrite=True)  # This example's own files.
     paths.append(path)
   return paths
 

@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from converter.tfrecord import masked_crc
+from loader import ondisk
 
 IMAGE_SIZE = 28 * 28
 NUM_CLASSES = 10
@@ -64,16 +65,30 @@ def tfrecord_frame(record: bytes) -> bytes:
                    struct.pack("<I", masked_crc(record))))
 
 
-def write_tfrecord_file(path: str, records) -> None:
-  """Writes records with TFRecord framing; the file appears only when complete."""
-  # Hidden, so an interrupted run leaves nothing that a `name-*` glob matches.
-  head, tail = os.path.split(path)
-  tmp = os.path.join(head, f".{tail}.tmp-{os.getpid()}")
+def write_tfrecord_file(path: str, records, *, overwrite: bool = False) -> None:
+  """Writes records with TFRecord framing; the file appears only when complete.
+
+  An existing file at `path` is kept and FileExistsError raised, also when it
+  appears while this one is written (another run), unless `overwrite`.
+  """
+  if not overwrite and os.path.lexists(path):
+    raise FileExistsError(f"{path} exists; pass --overwrite (overwrite=True) to replace it.")
+  # Hidden, so an interrupted run leaves nothing that a `name-*` glob matches;
+  # its name records this process, so the next run removes it after a kill -9.
+  ondisk.remove_stale_temps_of(path)
+  tmp = ondisk.temp_name(path)
   try:
     with open(tmp, "wb") as f:
       for r in records:
         f.write(tfrecord_frame(r))
-    os.replace(tmp, path)
+    if overwrite:
+      os.replace(tmp, path)
+    else:
+      try:
+        os.link(tmp, path)  # Fails if the name was taken meanwhile: nothing is replaced.
+      except FileExistsError:
+        raise FileExistsError(f"{path} appeared while it was written (another run?); it was kept. "
+                              "Pass --overwrite (overwrite=True) to replace it.") from None
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
@@ -99,16 +114,23 @@ def examples(shard: int, records: int, seed: int = 0, first_id: int = 0) -> Iter
 
 
 def make_example_data(output: str, shards: int = 8, records_per_shard: int = 1000,
-                      prefix: str = "example-train", seed: int = 0) -> list[str]:
-  """Writes `prefix.tfrecord-SSSSS-of-NNNNN` shards; returns their paths."""
+                      prefix: str = "example-train", seed: int = 0, overwrite: bool = False) -> list[str]:
+  """Writes `prefix.tfrecord-SSSSS-of-NNNNN` shards; returns their paths.
+
+  Existing files of those names are kept (FileExistsError, before anything
+  is written) unless `overwrite`.
+  """
   if shards <= 0 or records_per_shard < 0:
     raise ValueError(f"Need shards > 0 and records_per_shard >= 0, got {shards=}, {records_per_shard=}.")
   os.makedirs(output, exist_ok=True)
-  paths = []
-  for s in range(shards):
-    path = os.path.join(output, f"{prefix}.tfrecord-{s:05d}-of-{shards:05d}")
-    write_tfrecord_file(path, examples(s, records_per_shard, seed, first_id=s * records_per_shard))
-    paths.append(path)
+  paths = [os.path.join(output, f"{prefix}.tfrecord-{s:05d}-of-{shards:05d}") for s in range(shards)]
+  taken = [p for p in paths if os.path.lexists(p)]
+  if taken and not overwrite:
+    raise FileExistsError(f"{len(taken)} of the {shards} file(s) exist already, e.g. {taken[0]}; nothing was "
+                          "written. Pass --overwrite (overwrite=True) to replace them, or another --output.")
+  for s, path in enumerate(paths):
+    write_tfrecord_file(path, examples(s, records_per_shard, seed, first_id=s * records_per_shard),
+                        overwrite=overwrite)
   return paths
 
 
@@ -119,8 +141,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--records-per-shard", "--records_per_shard", dest="records", type=int, default=1000)
   p.add_argument("--prefix", default="example-train")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--overwrite", action="store_true", help="Replace existing files of the same names.")
   args = p.parse_args(argv)
-  paths = make_example_data(args.output, args.shards, args.records, args.prefix, args.seed)
+  try:
+    paths = make_example_data(args.output, args.shards, args.records, args.prefix, args.seed, args.overwrite)
+  except (FileExistsError, ValueError) as e:
+    print(f"{p.prog}: error: {e}", file=sys.stderr)
+    return 2
   print(f"Wrote {len(paths)} shard(s) x {args.records} records to {args.output}")
   return 0
 

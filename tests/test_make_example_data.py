@@ -90,3 +90,44 @@ def test_interrupted_write_leaves_nothing(tmp_path):
   with pytest.raises(KeyboardInterrupt):
     med.write_tfrecord_file(str(tmp_path / "x.tfrecord-00000-of-00001"), records())
   assert os.listdir(tmp_path) == []
+
+
+def test_existing_files_are_kept_unless_overwrite(tmp_path, capsys):
+  out = tmp_path / "data"
+  out.mkdir()
+  mine = out / "example-train.tfrecord-00001-of-00002"
+  mine.write_bytes(b"MY PRECIOUS DATA")
+  assert med.main(["--output", str(out), "--shards", "2", "--records-per-shard", "3"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and str(mine) in err and "--overwrite" in err and "nothing was written" in err
+  assert sorted(os.listdir(out)) == [mine.name] and mine.read_bytes() == b"MY PRECIOUS DATA"
+  assert med.main(["--output", str(out), "--shards", "2", "--records-per-shard", "3", "--overwrite"]) == 0
+  assert len(read_with_tf([mine])) == 3
+  # A file that appears while one is written (a second run) is not replaced.
+  race = tmp_path / "race.tfrecord"
+  def records():
+    yield b"one"
+    race.write_bytes(b"THE OTHER RUN'S")
+  with pytest.raises(FileExistsError, match="appeared while it was written"):
+    med.write_tfrecord_file(str(race), records())
+  assert race.read_bytes() == b"THE OTHER RUN'S" and os.listdir(tmp_path / "data") and \
+      sorted(os.listdir(tmp_path)) == ["data", "race.tfrecord"]
+
+
+def test_temps_of_killed_runs_are_removed(tmp_path):
+  import subprocess
+  import sys
+  out = tmp_path / "data"
+  code = ("import sys; from pipelines import make_example_data as med\n"
+          "def records():\n  yield b'x' * 100\n  sys.stdout.write('writing\\n'); sys.stdout.flush()\n"
+          "  import time; time.sleep(60)\n  yield b''\n"
+          f"import os; os.makedirs({str(out)!r}, exist_ok=True)\n"
+          f"med.write_tfrecord_file({str(out / 'example-train.tfrecord-00000-of-00001')!r}, records())\n")
+  proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert proc.stdout.readline() == "writing\n"
+  proc.kill()  # SIGKILL: its temp file stays.
+  proc.wait()
+  assert [f for f in os.listdir(out) if ".tmp-" in f]
+  med.make_example_data(str(out), shards=1, records_per_shard=2)
+  assert os.listdir(out) == ["example-train.tfrecord-00000-of-00001"]
