@@ -16,6 +16,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from converter import ConvertOptions, MatchFiles, OutputExistsError, TFRecordReader
 from converter import writer as _writer
+from loader import ondisk
 from pipelines import build
 
 
@@ -79,6 +80,8 @@ class _WriteShardFn(beam.DoFn):
   def process(self, keyed):
     shard, records = keyed
     path = _reshard_path(self._prefix, shard, self._num_shards, self._suffix)
+    if ondisk.is_local(path):
+      ondisk.remove_stale_temps_of(path)  # Left by a killed (kill -9) run.
     # Without overwrite, a file another writer published meanwhile is not replaced either.
     expect = _writer.REPLACE_ANY if self._overwrite else None
     with _writer.ArrayRecordShardWriter(path, self._writer_options, expect=expect) as w:

@@ -118,6 +118,25 @@ def test_reshard_never_replaces_existing_outputs_without_overwrite(tmp_path, tf_
   assert sorted(r for n in names for r in ar_read(str(prefix.parent / n))) == [b"1", b"2"]
 
 
+def test_reshard_removes_the_temps_a_killed_run_left(tmp_path, tf_write, ar_read):
+  from loader import ondisk
+  src = tf_write(str(tmp_path / "in" / "few.tfrecord"), [b"1", b"2", b"3"])
+  prefix = tmp_path / "out" / "s"
+  prefix.parent.mkdir()
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()  # A pid that no longer runs: as after kill -9.
+  stale = ondisk.temp_name(str(prefix.parent / "s-00001-of-00002.arrayrecord"),
+                           ondisk.Owner(dead.pid, 1, ondisk.this_process().host))
+  with open(stale, "wb") as f:
+    f.write(b"half a shard")
+  p = pipelines.convert_tf_to_arrayrecord_disk(num_shards=2, args={"input": src, "output": str(prefix)},
+                                               pipeline_options=PipelineOptions([]))
+  p.run().wait_until_finish()
+  names = sorted(os.listdir(prefix.parent))
+  assert names == ["s-00000-of-00002.arrayrecord", "s-00001-of-00002.arrayrecord"]
+  assert sorted(r for n in names for r in ar_read(str(prefix.parent / n))) == [b"1", b"2", b"3"]
+
+
 def test_reshard_rejects_bad_arguments():
   with pytest.raises(ValueError, match="num_shards"):
     pipelines.convert_tf_to_arrayrecord_disk(num_shards=0, args={"input": "x", "output": "y"})
