@@ -115,9 +115,11 @@ class ConversionGuard:
     except ondisk.LockedError as e:
       raise OutputLockedError(str(e)) from None
     except OSError as e:
+      fix = ("free space there" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+             else "fix its permissions or mount")
       raise OutputError(
           f"Cannot write to the output directory {out} ({_writer.os_reason(e)}); choose a "
-          "writable --output, or fix its permissions or mount.") from None
+          f"writable --output, or {fix}.") from None
     ondisk.remove_stale_temps(out)
 
   def complete_shards(self) -> int:

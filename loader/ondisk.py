@@ -609,8 +609,13 @@ class DirLock:
     me = this_process()
     info = {"pid": me.pid, "host": me.host, "process_start": me.start,
             "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps(info).encode())
+    try:
+      os.ftruncate(fd, 0)
+      os.write(fd, json.dumps(info).encode())
+    except OSError:  # A full disk, say: the lock file is ours to remove (we hold it).
+      self._fd = fd
+      self.release()
+      raise
     self._fd = fd
     return self
 

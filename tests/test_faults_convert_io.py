@@ -75,6 +75,22 @@ def test_too_little_free_space_is_refused_before_any_work(tmp_path, small, capsy
     assert os.listdir(out) == []
 
 
+def test_a_full_filesystem_is_refused_leaving_no_folder_or_lock(tmp_path, small, capsys):
+  inp, _ = small
+  mount = str(tmp_path / "full")
+  with ft.tmpfs(mount, "64k"):
+    with open(os.path.join(mount, "filler"), "wb") as f:  # Take all the space.
+      try:
+        f.write(b"x" * (128 << 10))
+      except OSError:
+        pass
+    out = os.path.join(mount, "o")
+    assert convert.main(args(inp, out)) == 2
+    line = error_line(capsys)
+    assert "No space left on device" in line and "or free space there" in line
+    assert os.listdir(mount) == ["filler"]  # Neither the folder it made nor a lock file.
+
+
 def test_read_only_output_dir_is_refused_before_any_work(tmp_path, small, capsys):
   inp, _ = small
   out = str(tmp_path / "ro")
