@@ -300,9 +300,39 @@ def _infinite(n: int) -> bool:
   return n >= sys.maxsize
 
 
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
 def _require_nonempty(ds: MapDataset, n: int) -> None:
   if n == 0:
     raise IndexError(f"Cannot read from an empty dataset: {ds!r}")
+
+
+def divmod_index(indices: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+  """(epochs, positions) of `indices` in a dataset of length n, as int64.
+
+  Indices are int64, except past the end of a slice of an infinite dataset:
+  there Grain's parent index (epoch x parent length + position) exceeds
+  int64, and they travel as Python ints (an object array) until an
+  operation reduces them, as this does.
+  """
+  if indices.dtype == object:  # np.divmod has no loop for Python ints.
+    epochs = indices // n
+    return np.asarray(epochs, dtype=np.int64), np.asarray(indices - epochs * n, dtype=np.int64)
+  return np.divmod(indices, n)
+
+
+def join_index(epochs: np.ndarray, n: int, pos: np.ndarray, room: int = 0) -> np.ndarray:
+  """epochs * n + pos: int64, or Python ints where that (plus `room`) overflows (see divmod_index)."""
+  if epochs.size and int(epochs.max()) * n + int(pos.max()) + room > _INT64_MAX:
+    return epochs.astype(object) * n + pos.astype(object)
+  return epochs * n + pos
+
+
+def mod_index(indices: np.ndarray, n: int) -> np.ndarray:
+  """`indices % n` as int64 (see divmod_index)."""
+  out = indices % n
+  return np.asarray(out, dtype=np.int64) if out.dtype == object else out
 
 
 class _IndexMapDataset(MapDataset[T]):
@@ -365,11 +395,11 @@ class SourceMapDataset(MapDataset[T]):
 
   def _getitems(self, indices: np.ndarray) -> list[T]:
     _require_nonempty(self, self._len)
-    return self._reader.read(indices % self._len)
+    return self._reader.read(mod_index(indices, self._len))
 
   def _getitems_array(self, indices: np.ndarray) -> np.ndarray | None:
     _require_nonempty(self, self._len)
-    return self._reader.read_array(indices % self._len)
+    return self._reader.read_array(mod_index(indices, self._len))
 
 
 class _WithSeedMapDataset(_IndexMapDataset[T]):
@@ -419,7 +449,7 @@ class ShuffleMapDataset(_IndexMapDataset[T]):
     _require_nonempty(self, n)
     if not indices.size:
       return indices
-    epochs, pos = np.divmod(indices, n)
+    epochs, pos = divmod_index(indices, n)
     first = int(epochs[0])
     if (epochs == first).all():  # The common case: a chunk within one epoch.
       shuffled = self._perm(first)(pos)
@@ -428,7 +458,7 @@ class ShuffleMapDataset(_IndexMapDataset[T]):
       for e in np.unique(epochs):
         mask = epochs == e
         shuffled[mask] = self._perm(int(e))(pos[mask])
-    return epochs * n + shuffled
+    return join_index(epochs, n, shuffled)
 
 
 class RepeatMapDataset(_IndexMapDataset[T]):
@@ -459,7 +489,7 @@ class RepeatMapDataset(_IndexMapDataset[T]):
   def _parent_indices(self, indices: np.ndarray) -> np.ndarray:
     if not self._reseed:
       _require_nonempty(self, self._parent_len)
-      indices = indices % self._parent_len
+      indices = mod_index(indices, self._parent_len)
     return indices
 
 
@@ -487,8 +517,8 @@ class SliceMapDataset(_IndexMapDataset[T]):
 
   def _parent_indices(self, indices: np.ndarray) -> np.ndarray:
     _require_nonempty(self, self._len)
-    epochs, pos = np.divmod(indices, self._len)
-    return self._start + pos * self._step + epochs * self._parent_len
+    epochs, pos = divmod_index(indices, self._len)
+    return join_index(epochs, self._parent_len, self._start + pos * self._step)
 
 
 class MapMapDataset(MapDataset[S]):
@@ -668,10 +698,10 @@ class BatchMapDataset(MapDataset[S]):
 
   def _getitems(self, indices: np.ndarray) -> list[S]:
     _require_nonempty(self, self._len)
-    epochs, pos = np.divmod(indices, self._len)
+    epochs, pos = divmod_index(indices, self._len)
     starts = pos * self._batch_size
     counts = np.minimum(starts + self._batch_size, self._parent_len) - starts
-    starts += epochs * self._parent_len
+    starts = join_index(epochs, self._parent_len, starts, room=self._batch_size)
     # All elements of all requested batches in one parent call.
     offsets = np.cumsum(counts) - counts
     flat = np.repeat(starts - offsets, counts) + np.arange(int(counts.sum()), dtype=np.int64)

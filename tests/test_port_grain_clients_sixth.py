@@ -4,7 +4,8 @@ Found by the 2026-11-27 audit (round 7) in public code: a MovieLens ranker
 (an `IndexSampler` subclass whose `__getitem__` gives a list of indices per
 element, read by a source that takes lists), a streaming client whose custom
 iterator hands out its live state under `ThreadPrefetchIterDataset`, and
-Flax/kauldron-style pipeline tests on `tfds.testing.mock_data`.
+Flax/kauldron-style pipeline tests on `tfds.testing.mock_data`; and (round
+8) apple/axlearn's sliced infinite mixtures.
 
 Scripts run as `__main__` on each library in a fresh process; their output
 must be the same.
@@ -138,6 +139,41 @@ with tfds.testing.mock_data(num_examples=12, policy=tfds.testing.MockPolicy.USE_
 """
 
 
-@pytest.mark.parametrize("name", ["SAMPLER_SUBCLASS", "PREFETCH_STATE_COPY", "TFDS_MOCK"])
+# apple/axlearn's input_grain_test (round 8): an infinite mixture, sliced,
+# shuffled and repeated reads past the slice's end, where Grain's parent
+# index (epoch x sys.maxsize + position) exceeds int64.
+INFINITE_SLICES = """
+import grain
+base = grain.MapDataset.range(5).repeat()
+mix = grain.MapDataset.mix([grain.MapDataset.range(0, 10, 2).repeat(), grain.MapDataset.range(1, 5, 2).repeat()],
+                           weights=[2, 1])
+cases = {
+    "axlearn": lambda: mix.slice(slice(0, 10)).shuffle(seed=123),
+    "slice": lambda: base[:4],
+    "map": lambda: base[:4].map(lambda x: x * 10),
+    "filter": lambda: base[:4].filter(lambda x: x % 2 == 0),
+    "random_map": lambda: base.seed(7)[:4].random_map(lambda x, rng: (x, int(rng.integers(0, 1000)))),
+    "map_with_index": lambda: base[:4].map_with_index(lambda i, x: (i, x)),
+    "batch of slice": lambda: base[:4].batch(3),
+    "slice of shuffle": lambda: base.shuffle(seed=3)[:6],
+    "slice of slice": lambda: base[:10][2:6],
+    "negative step": lambda: base[:6][::-2],
+    "concatenate": lambda: grain.MapDataset.concatenate([base[:3], grain.MapDataset.range(2)]),
+    "zip": lambda: grain.experimental.ZipMapDataset([base[:4], base[1:5]]),
+    "mix of slices": lambda: grain.MapDataset.mix([base[:3], base[1:3]], weights=[1, 1]),
+    "window shuffle": lambda: grain.experimental.WindowShuffleMapDataset(base[:4], window_size=2, seed=1),
+    "slice of batch": lambda: base.batch(3)[:2],
+}
+plain = lambda v: v.tolist() if hasattr(v, "tolist") else v
+for name, make in cases.items():
+  ds = make()
+  print(name, len(ds), [plain(ds[i]) for i in range(3 * len(ds) + 2)], [plain(v) for v in ds.repeat(2)],
+        [plain(v) for v in ds.repeat(2).to_iter_dataset()])
+big = base.batch(3)
+print("batch of infinite", [plain(big[i]) for i in (0, 1, len(big) - 1, len(big), len(big) + 1)])
+"""
+
+
+@pytest.mark.parametrize("name", ["SAMPLER_SUBCLASS", "PREFETCH_STATE_COPY", "TFDS_MOCK", "INFINITE_SLICES"])
 def test_client_script_prints_the_same(name, tmp_path):
   porting.assert_prints_the_same(globals()[name], tmp_path)

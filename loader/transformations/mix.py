@@ -164,11 +164,16 @@ class _ProportionalSelector:
     return d, q * self.proportions[d] + int(self._table[1][r])
 
   def many(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    indices = np.asarray(indices, dtype=np.int64)
+    # Python ints past int64 come from a slice of an infinite dataset (map_dataset.divmod_index).
+    indices = np.asarray(indices, dtype=object if np.asarray(indices).dtype == object else np.int64)
     if self._table is None:
       # Products k * S may overflow int64: compute with Python ints.
       return _select_formula_many(indices.astype(object), self.proportions)
-    q, r = np.divmod(indices, self._period)
+    if indices.dtype == object:  # np.divmod has no loop for Python ints.
+      q = indices // self._period
+      r = np.asarray(indices - q * self._period, dtype=np.int64)
+    else:
+      q, r = np.divmod(indices, self._period)
     d = self._table[0][r]
     return d, q * self._steps[d] + self._table[1][r]
 

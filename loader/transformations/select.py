@@ -93,7 +93,9 @@ class SelectMapDataset(map_lib.MapDataset[T]):
     return _select_one_by_one(self._selection_map, indices)
 
   def _getitems(self, indices: np.ndarray) -> list[T | None]:
-    indices = np.asarray(indices, dtype=np.int64)
+    indices = np.asarray(indices)
+    if indices.dtype != object:  # Python ints past int64 stay so (map_dataset.divmod_index).
+      indices = indices.astype(np.int64, copy=False)
     if not indices.size:
       return []
     dataset_indices, keys = self._select(indices)

@@ -90,7 +90,7 @@ class WindowShuffleMapDataset(map_lib.MapDataset[T]):
     if n >= 2**62:  # Infinite: one epoch of consecutive windows, as in Grain.
       epochs, pos = np.zeros_like(indices), indices
     else:
-      epochs, pos = np.divmod(indices, n)
+      epochs, pos = map_lib.divmod_index(indices, n)
     windows, offsets = np.divmod(pos, ws)
     per_epoch = -(-n // ws)
     seeds = (self._seed + epochs * per_epoch + windows) % 2**32
