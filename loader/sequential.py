@@ -313,6 +313,7 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
     return x
 
   def start_prefetch(self) -> None:
+    self._assert_not_closed()  # Grain's ValueError.
     if self._thread is None and not self._done:
       self._start()
 

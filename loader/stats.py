@@ -15,6 +15,7 @@ importing them still imports; calling them raises `ExecutionSummaryError`.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -49,6 +50,32 @@ class Stats:
 
 
 NO_STATS = Stats()
+
+
+def record_next_duration_if_output(next_fn: T) -> T:
+  """Grain's decorator for a custom iterator's `__next__`; records nothing, so it is `next_fn` itself."""
+  return next_fn
+
+
+class Timer:
+  """Grain's accumulating timer (`with timer: ...` blocks, then `value()` in ns)."""
+
+  def __init__(self):
+    self._accumulator = 0
+    self._last = 0
+
+  def __enter__(self):
+    self._last = time.perf_counter_ns()
+
+  def __exit__(self, *args):
+    self._accumulator += time.perf_counter_ns() - self._last
+
+  def value(self) -> int:
+    return self._accumulator
+
+  def reset(self) -> None:
+    self._accumulator = 0
+    self._last = 0
 
 
 class ExecutionSummaryError(NotImplementedError, ValueError):

@@ -174,6 +174,44 @@ print("batch of infinite", [plain(big[i]) for i in (0, 1, len(big) - 1, len(big)
 """
 
 
-@pytest.mark.parametrize("name", ["SAMPLER_SUBCLASS", "PREFETCH_STATE_COPY", "TFDS_MOCK", "INFINITE_SLICES"])
+# Grain's docstrings (audit round 8): a custom iterator timed with the stats
+# module's decorator and Timer (a public WebDataset iterator does this);
+# start_prefetch after close raises.
+DOCSTRING_EXAMPLES = """
+import grain
+from grain._src.python.dataset import stats
+
+class NegIter(grain.DatasetIterator):
+  @stats.record_next_duration_if_output
+  def __next__(self):
+    timer = stats.Timer()
+    with timer:
+      x = next(self._parent)
+    assert timer.value() >= 0
+    timer.reset()
+    with self._stats.record_self_time(offset_ns=timer.value()):
+      return -x
+  def get_state(self):
+    return self._parent.get_state()
+  def set_state(self, state):
+    self._parent.set_state(state)
+
+class Neg(grain.IterDataset):
+  def __iter__(self):
+    return NegIter(self._parent.__iter__())
+
+print(list(Neg(grain.MapDataset.range(1, 5).to_iter_dataset())))
+it = iter(grain.experimental.ThreadPrefetchIterDataset(grain.MapDataset.range(5).to_iter_dataset(), prefetch_buffer_size=2))
+next(it)
+it.close()
+try:
+  it.start_prefetch()
+except ValueError:
+  print("start_prefetch after close raises ValueError")
+"""
+
+
+@pytest.mark.parametrize("name", ["SAMPLER_SUBCLASS", "PREFETCH_STATE_COPY", "TFDS_MOCK", "INFINITE_SLICES",
+                                  "DOCSTRING_EXAMPLES"])
 def test_client_script_prints_the_same(name, tmp_path):
   porting.assert_prints_the_same(globals()[name], tmp_path)

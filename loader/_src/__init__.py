@@ -43,7 +43,8 @@ _MODULES: dict[str, dict[str, str]] = {
     },
     "python.dataset.elastic_iterator": {"ElasticIterator": "loader.experimental:ElasticIterator"},
     "python.dataset.sources.parquet_dataset": {"ParquetIterDataset": "loader.experimental:ParquetIterDataset"},
-    "python.dataset.stats": {n: f"loader.stats:{n}" for n in ("Stats", "pretty_format_summary")},
+    "python.dataset.stats": {n: f"loader.stats:{n}" for n in (
+        "Stats", "pretty_format_summary", "record_next_duration_if_output", "Timer")},
     "python.dataset.transformations.batch": {
         "batch_and_pad": "loader.experimental:batch_and_pad",
         "make_batch": "loader.batching:make_batch",
