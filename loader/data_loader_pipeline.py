@@ -307,9 +307,9 @@ class SamplerMapDataset(map_dataset.MapDataset):
   def _getitems(self, indices: np.ndarray) -> list[Any]:
     global_indices = indices * self._shard_count + self._shard_index
     if self._batched and self._lean:
-      return self._parent._getitems(self._sampler._record_keys(global_indices))  # pylint: disable=protected-access
+      return self._parent._getitems(self._sampler._keys_of(global_indices))  # pylint: disable=protected-access
     if self._batched:
-      keys = self._sampler._record_keys(global_indices)  # pylint: disable=protected-access
+      keys = self._sampler._keys_of(global_indices)  # pylint: disable=protected-access
       seed = self._rng_seed
       metas = [record.RecordMetadata(index=g, record_key=k,
                                      rng=None if seed is None else samplers_lib.record_rng(seed, g))

@@ -65,7 +65,7 @@ class SequentialSampler:
     rng = None if self._seed is None else record_rng(self._seed, index)
     return record.RecordMetadata(index=index, record_key=index, rng=rng)
 
-  def _record_keys(self, indices: np.ndarray) -> np.ndarray:
+  def _keys_of(self, indices: np.ndarray) -> np.ndarray:
     return indices
 
   @property
@@ -109,8 +109,10 @@ class IndexSampler:
     if self._shuffle:
       keys = keys.shuffle(seed=self._seed)
     # Index i of `keys` past its length is epoch i // len: MapDataset nodes
-    # read later epochs (reshuffled) for such indices, as Grain's do.
-    self._keys = keys
+    # read later epochs (reshuffled) for such indices, as Grain's do. Grain's
+    # names: subclasses may replace `_record_keys` (a MapDataset of record
+    # keys by sampler position) and change `_max_index`.
+    self._record_keys = keys
 
   def __len__(self) -> int:
     return sys.maxsize if self._max_index is None else self._max_index
@@ -122,14 +124,14 @@ class IndexSampler:
   def __getitem__(self, index: int) -> record.RecordMetadata:
     if index < 0 or (self._max_index is not None and index >= self._max_index):
       raise IndexError(f"Sampler index {index} out of range [0, {self._max_index}).")
-    key = int(self._record_keys(np.array([index], dtype=np.int64))[0])
+    key = int(self._keys_of(np.array([index], dtype=np.int64))[0])
     rng = None if self._seed is None else record_rng(self._seed, index)
     return record.RecordMetadata(index=index, record_key=key, rng=rng)
 
-  def _record_keys(self, indices: np.ndarray) -> np.ndarray:
+  def _keys_of(self, indices: np.ndarray) -> np.ndarray:
     """Record keys of global sampler indices `indices`, in one batched call."""
     positions = indices // self._shard_options.shard_count
-    return np.asarray(self._keys._getitems(positions), dtype=np.int64)  # pylint: disable=protected-access
+    return np.asarray(self._record_keys._getitems(positions), dtype=np.int64)  # pylint: disable=protected-access
 
   @property
   def _rng_seed(self) -> int | None:

@@ -201,7 +201,7 @@ def test_index_sampler_infinite_and_batched_keys():
   theirs = grain.IndexSampler(7, shuffle=True, seed=1)
   assert len(ours) == len(theirs) == sys.maxsize
   assert repr(ours) == repr(theirs)
-  keys = ours._record_keys(np.arange(70, dtype=np.int64))  # pylint: disable=protected-access
+  keys = ours._keys_of(np.arange(70, dtype=np.int64))  # pylint: disable=protected-access
   assert keys.tolist() == _keys(ours, 70)
   for epoch in range(10):
     assert sorted(keys[epoch * 7:(epoch + 1) * 7].tolist()) == list(range(7))

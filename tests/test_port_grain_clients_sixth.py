@@ -5,7 +5,8 @@ Found by the 2026-11-27 audit (round 7) in public code: a MovieLens ranker
 element, read by a source that takes lists), a streaming client whose custom
 iterator hands out its live state under `ThreadPrefetchIterDataset`, and
 Flax/kauldron-style pipeline tests on `tfds.testing.mock_data`; and (round
-8) apple/axlearn's sliced infinite mixtures.
+8) apple/axlearn's sliced infinite mixtures and google-research spherical_cnn's
+sampler subclass.
 
 Scripts run as `__main__` on each library in a fresh process; their output
 must be the same.
@@ -77,6 +78,33 @@ if __name__ == "__main__":  # Spawned workers run the top level again.
   again = iter(grain.DataLoader(data_source=Source(), sampler=Blocks(40, seed=3), operations=[Negatives()]))
   again.set_state(state)
   print("resumed equal", list(again) == rest)
+"""
+
+# google-research spherical_cnn's WeatherSampler: an IndexSampler subclass that
+# wraps Grain's `_record_keys` MapDataset and widens `_max_index`.
+SAMPLER_PRIVATE_FIELDS = """
+from absl import flags; flags.FLAGS.mark_as_parsed()
+import grain.python as grain
+
+class Offsets(grain.MapDataset):
+  def __init__(self, parent, offsets):
+    super().__init__(parent)
+    self._offsets = offsets
+  def __len__(self):
+    return len(self._parent)
+  def __getitem__(self, index):
+    return self._parent[index // len(self._offsets)] + self._offsets[index % len(self._offsets)]
+
+class TwoPasses(grain.IndexSampler):
+  def __init__(self, n, shard_options, seed):
+    super().__init__(n, shard_options, shuffle=True, num_epochs=1, seed=seed)
+    self._max_index *= 2
+    self._record_keys = Offsets(self._record_keys, (0, 100))
+
+for shard in (grain.NoSharding(), grain.ShardOptions(shard_index=1, shard_count=2, drop_remainder=True)):
+  s = TwoPasses(10, shard, seed=4)
+  print(len(s), [s[i].record_key for i in range(len(s))])
+  print(list(grain.DataLoader(data_source=list(range(200)), sampler=s, operations=[grain.Batch(4)])))
 """
 
 # A custom iterator whose get_state() returns its live containers: the state
@@ -211,7 +239,7 @@ except ValueError:
 """
 
 
-@pytest.mark.parametrize("name", ["SAMPLER_SUBCLASS", "PREFETCH_STATE_COPY", "TFDS_MOCK", "INFINITE_SLICES",
+@pytest.mark.parametrize("name", ["SAMPLER_SUBCLASS", "SAMPLER_PRIVATE_FIELDS", "PREFETCH_STATE_COPY", "TFDS_MOCK", "INFINITE_SLICES",
                                   "DOCSTRING_EXAMPLES"])
 def test_client_script_prints_the_same(name, tmp_path):
   porting.assert_prints_the_same(globals()[name], tmp_path)
