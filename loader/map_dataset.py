@@ -156,6 +156,19 @@ class MapDataset(grain_interop.MapDataset, Generic[T], metaclass=_MapDatasetMeta
     return any(p._may_contain_none for p in self._parents)
 
   @property
+  def _may_yield_none(self) -> bool:
+    """Whether an element may be None: a hole (filter), or a value user code returned.
+
+    Grain's to_iter_dataset() drops None elements, so an iterator-level batch
+    (or random_map, map_with_index) after it is folded into the random-access
+    part only where no element can be None. Subclasses defined outside loader
+    may return None from __getitem__.
+    """
+    if self._may_contain_none or not type(self).__module__.startswith("loader."):
+      return True
+    return any(p._may_yield_none for p in self._parents)
+
+  @property
   def _default_seed(self) -> int | None:
     return self._parent._default_seed if self._parents else None
 
@@ -360,6 +373,13 @@ class SourceMapDataset(MapDataset[T]):
     self._reader = source_lib.BatchedSource(source)
     self._source = source
     self._len = len(source)
+    self._yields_none: bool | None = None  # Found out when first asked.
+
+  @property
+  def _may_yield_none(self) -> bool:
+    if self._yields_none is None:
+      self._yields_none = source_lib.may_yield_none(self._source)
+    return self._yields_none
 
   def __len__(self) -> int:
     return self._len
@@ -524,6 +544,8 @@ class SliceMapDataset(_IndexMapDataset[T]):
 class MapMapDataset(MapDataset[S]):
   """Applies a function to each element."""
 
+  _may_yield_none = True  # The user's function may return None.
+
   _spec_rule = "transform"
   _same_as_grain = True
 
@@ -552,6 +574,8 @@ class MapMapDataset(MapDataset[S]):
 class MapWithIndexMapDataset(MapDataset[S]):
   """Applies a function to (index, element)."""
 
+  _may_yield_none = True  # The user's function may return None.
+
   _spec_rule = "transform"
   _same_as_grain = True
 
@@ -579,6 +603,8 @@ class MapWithIndexMapDataset(MapDataset[S]):
 
 class RandomMapMapDataset(MapDataset[S]):
   """Applies fn(element, rng) with rng = Philox(key=seed) at counter `index` (Grain's draws)."""
+
+  _may_yield_none = True  # The user's function may return None.
 
   _spec_rule = "transform"
   _same_as_grain = True
@@ -682,6 +708,10 @@ class BatchMapDataset(MapDataset[S]):
 
   def __len__(self) -> int:
     return self._len
+
+  @property
+  def _may_yield_none(self) -> bool:
+    return self._batch_fn is not batching.make_batch or self._parent._may_yield_none
 
   enable_shared_memory_output = batching.enable_shared_memory_output
 

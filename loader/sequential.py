@@ -389,6 +389,13 @@ class ThreadPrefetchDatasetIterator(_ThreadPrefetchIterator[T]):
       return super().__next__()
     return next(self._parent)
 
+  def start_prefetch(self) -> None:
+    if self._buffer_size:
+      super().start_prefetch()
+    else:  # No thread of its own: the parent's background work, if any.
+      self._assert_not_closed()
+      self._parent.start_prefetch()
+
   def get_state(self) -> Any:
     return super().get_state() if self._buffer_size else self._parent.get_state()
 

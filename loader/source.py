@@ -704,6 +704,18 @@ def _owner(cls: type, name: str) -> type | None:
 _EXACT_GETITEMS_PACKAGES = ("array_record.", "grain.", "tensorflow_datasets.")
 
 
+def may_yield_none(source: Any) -> bool:
+  """Whether `source[i]` may be None for some i (checked for Python sequences, trusted for known sources)."""
+  if isinstance(source, (ArrayRecordSource, range)):
+    return False
+  if isinstance(source, np.ndarray):
+    return source.dtype == object and any(x is None for x in source.flat)
+  if type(source) in (list, tuple):
+    return any(x is None for x in source)
+  # array_record's, Grain's and TFDS's sources give records, never None.
+  return not type(source).__module__.startswith(_EXACT_GETITEMS_PACKAGES)
+
+
 def _batched_method(source: Any) -> str | None:
   """The name of `source`'s batched read that agrees with its `__getitem__`, if any.
 

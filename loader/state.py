@@ -161,16 +161,13 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
   mine = list(description)
   if saved == mine or same_but_for_source_identity(saved, mine):
     return
+  unfolded_saved, unfolded_mine = _unfold_batches(saved), _unfold_batches(mine)
+  if unfolded_saved == unfolded_mine or same_but_for_source_identity(unfolded_saved, unfolded_mine):
+    return
   for i, (a, b) in enumerate(zip(saved, mine)):
     if a != b:
       hint = (" (the same number of files and records, but other file names or the files in another order)"
               if _SOURCE_IDENTITY.sub("", a) == _SOURCE_IDENTITY.sub("", b) else "")
-      if {_batch_folded(saved), _batch_folded(mine)} == {True, False}:
-        # A batch right after to_iter_dataset() is computed with the reads
-        # (see MapBackedIterDataset); an mp_prefetch between them stops that.
-        hint = (" (one of the two pipelines has an mp_prefetch before its batch and the other has none: "
-                "a state restores into the same pipeline with or without mp_prefetch as when it was saved, "
-                "with any number of workers)")
       raise StateMismatchError(
           f"{owner}.set_state: this state was saved from a different pipeline: operation {i} is "
           f"{a!r} in the saved pipeline but {b!r} in this one{hint} (saved: {' -> '.join(saved)}).")
@@ -180,15 +177,24 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
       f"operation(s) {longer[min(len(saved), len(mine)):]} (saved: {' -> '.join(saved)}).")
 
 
-def _batch_folded(ops: Sequence[str]) -> bool | None:
-  """True: a batch after to_iter_dataset() was folded into the reads; False:
-  one came after an unfolded to_iter_dataset() (an mp_prefetch between them)."""
-  pairs = list(zip(ops, ops[1:]))
-  if any(a.startswith("batch(") and b.startswith("to_iter_dataset(unit=") for a, b in pairs):
-    return True
-  if any(a == "to_iter_dataset()" and b.startswith("batch(") for a, b in pairs):
-    return False
-  return None
+_FOLDED_UNIT = re.compile(r"to_iter_dataset\(unit=(\d+)\)")
+_BATCH_SIZE = re.compile(r"batch\((\d+)[,)]")
+
+
+def _unfold_batches(ops: Sequence[str]) -> list[str]:
+  """`ops` with a batch folded into to_iter_dataset() written as the batch after it.
+
+  A batch right after to_iter_dataset() is computed with the reads (folded)
+  where no element can be None and no mp_prefetch comes between them; the
+  state is the same either way (elements read), so the two descriptions
+  name one stream.
+  """
+  out = list(ops)
+  for i in range(len(out) - 1):
+    unit, size = _FOLDED_UNIT.fullmatch(out[i + 1]), _BATCH_SIZE.match(out[i])
+    if unit and size and unit.group(1) == size.group(1):
+      out[i], out[i + 1] = "to_iter_dataset()", out[i]
+  return out
 
 
 def same_but_for_source_identity(saved: Any, mine: Any) -> bool:

@@ -15,7 +15,8 @@ from loader_testing import assert_restore_at_every_step_gives_same_stream
 
 
 def _pipeline(lib, n=64, size=1000):
-  return lib.MapDataset.range(n).map(lambda i: np.full((size,), i, np.float32)).to_iter_dataset().batch(4)
+  # The batch on the MapDataset: elements of the random-access part are batches.
+  return lib.MapDataset.range(n).map(lambda i: np.full((size,), i, np.float32)).batch(4).to_iter_dataset()
 
 
 def test_performance_config_has_grains_structure():
