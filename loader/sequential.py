@@ -438,11 +438,13 @@ class WithSeedIterDataset(SequentialIterDataset[T]):
 class _CountingIterator(DatasetIterator[S]):
   """Applies fn(position, element); state = parent's + elements produced."""
 
-  def __init__(self, parent: DatasetIterator, fn: Callable[[int, Any], S], user_fn: Callable[..., Any] | None = None):
+  def __init__(self, parent: DatasetIterator, fn: Callable[[int, Any], S], user_fn: Callable[..., Any] | None = None,
+               *, key: str = "counter"):
     super().__init__(parent)
     self._fn = fn
     self._user_fn = user_fn or fn  # Named in errors.
     self._index = 0
+    self._key = key  # Grain's name for the count in its state.
 
   def __next__(self) -> S:
     # As in Grain, an element whose function raises is consumed and does not count.
@@ -454,18 +456,25 @@ class _CountingIterator(DatasetIterator[S]):
     self._index += 1
     return y
 
+  @property
+  def _grain_state_keys(self) -> tuple[str, ...]:
+    return ("parent", self._key)
+
   def get_state(self) -> dict[str, Any]:
-    return {"parent": self._parent.get_state(), "index": self._index}
+    return {"parent": self._parent.get_state(), self._key: self._index}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    state_lib.check_keys(state, ("parent", "index"), type(self).__name__)
+    # "index": what loader wrote before it used Grain's key.
+    key = "index" if isinstance(state, dict) and "index" in state and self._key not in state else self._key
+    state_lib.check_keys(state, ("parent", key), type(self).__name__)
     self._parent.set_state(state["parent"])
-    self._index = checks.check_int(state["index"], "index", minimum=0)
+    self._index = checks.check_int(state[key], key, minimum=0)
 
 
 class MapWithIndexIterDataset(SequentialIterDataset[S]):
 
   _spec_rule = "transform"
+  _same_as_grain = True  # Grain's positions, generators and state layout.
 
   def __init__(self, parent: IterDataset[T], transform: Callable[[int, T], S]):
     super().__init__(parent)
@@ -485,6 +494,7 @@ class RandomMapIterDataset(SequentialIterDataset[S]):
   """fn(element, rng) with rng = Philox(seed) at a counter given by the stream position."""
 
   _spec_rule = "transform"
+  _same_as_grain = True  # Grain's positions, generators and state layout.
 
   def __init__(self, parent: IterDataset[T], transform: Callable[[T, np.random.Generator], S],
                seed: int | None = None):
@@ -500,4 +510,4 @@ class RandomMapIterDataset(SequentialIterDataset[S]):
 
   def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[S]:
     fn, seed = self._fn, self._seed
-    return _CountingIterator(parent, lambda i, x: fn(x, checks.element_rng(seed, i)), fn)
+    return _CountingIterator(parent, lambda i, x: fn(x, checks.element_rng(seed, i)), fn, key="index_for_rng")
