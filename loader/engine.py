@@ -481,8 +481,11 @@ class ThreadChunkProducer:
     self.start()
     if not self._pending:
       return None
-    start, _, fut = self._pending.popleft()
+    start, _, fut = self._pending[0]
+    # Taken off the queue only once done: a Ctrl-C while waiting leaves it
+    # there, and the next call waits for it again (no chunk is skipped).
     elements, error, seconds = fut.result()
+    self._pending.popleft()
     self._sizer.observe(elements, seconds)
     if error is not None:
       self.reset(start + len(elements))  # Later chunks restart after a retry.

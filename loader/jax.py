@@ -157,6 +157,7 @@ class DevicePrefetchIterator(Iterator[Any]):
     self._buffer_size = buffer_size
     # (host state before the batch, device batch), oldest first.
     self._buffer: collections.deque[tuple[Any, Any]] = collections.deque()
+    self._read: tuple[Any, Any] | None = None  # (host state, host batch) read but not yet put.
     self._exhausted = False
     self._closed = False
 
@@ -182,15 +183,25 @@ class DevicePrefetchIterator(Iterator[Any]):
     while len(self._buffer) < size and not self._exhausted:
       if self._buffer and isinstance(self._buffer[-1][1], _Failed):
         return  # Nothing is read past a failed batch before its error is raised.
-      # Deep copy: an iterator may hand out (and later mutate) its live dict.
-      state = copy.deepcopy(self._host.get_state()) if self._checkpointable else None
+      if self._read is None:
+        # Deep copy: an iterator may hand out (and later mutate) its live dict.
+        state = copy.deepcopy(self._host.get_state()) if self._checkpointable else None
+        try:
+          host_batch = next(self._host)
+        except StopIteration:
+          self._exhausted = True
+          return
+        except Exception as e:  # pylint: disable=broad-except  # Raised at its own step, see __next__.
+          self._buffer.append((state, _Failed(e)))
+          continue
+        # Kept until it is on the device: a Ctrl-C during the copy must not lose it.
+        self._read = (state, host_batch)
+      state, host_batch = self._read
       try:
-        item = device_put(next(self._host), self._sharding)
-      except StopIteration:
-        self._exhausted = True
-        return
+        item = device_put(host_batch, self._sharding)
       except Exception as e:  # pylint: disable=broad-except  # Raised at its own step, see __next__.
         item = _Failed(e)
+      self._read = None
       self._buffer.append((state, item))
 
   @property
@@ -200,13 +211,19 @@ class DevicePrefetchIterator(Iterator[Any]):
   def get_state(self) -> dict[str, Any]:
     """Returns the host state at which the next batch returned will be read."""
     self._require_checkpointable("get_state")
-    state = self._buffer[0][0] if self._buffer else self._host.get_state()
+    if self._buffer:
+      state = self._buffer[0][0]
+    elif self._read is not None:  # Read from the host, not yet on the device (a Ctrl-C came).
+      state = self._read[0]
+    else:
+      state = self._host.get_state()
     return copy.deepcopy(state)
 
   def set_state(self, state: dict[str, Any]) -> None:
     """Drops the prefetched batches and moves the host iterator to `state`."""
     self._require_checkpointable("set_state")
     self._buffer.clear()
+    self._read = None
     self._exhausted = False
     self._host.set_state(state)
 

@@ -24,6 +24,7 @@ only a killed worker can have left behind.
 
 from __future__ import annotations
 
+import _thread
 import ast
 import collections
 import contextlib
@@ -226,8 +227,36 @@ def _encode_before_failure(elements: list, name: str, error: Exception, lock: th
   return ipc.encode([], name), error
 
 
-def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = None) -> None:
-  """Stops workers and frees every segment; safe to call more than once."""
+def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = None, *,
+              from_gc: bool = False) -> None:
+  """Stops workers and frees every segment; safe to call more than once.
+
+  A Ctrl-C meanwhile ends the workers at once and is raised again. As a
+  garbage-collection finalizer (`from_gc`: an iterator dropped), where Python
+  would print and ignore it, it is raised in the main thread just after.
+  """
+  try:
+    _stop(procs, conns, shm_prefix, stashes)
+  except KeyboardInterrupt:
+    for proc in procs:
+      try:
+        proc.kill()
+      except (OSError, ValueError, AttributeError):
+        pass
+    _stop(procs, conns, shm_prefix, stashes)
+    if not from_gc:
+      raise
+    # After the finalizer has returned: raised inside it, it would be ignored.
+    again = threading.Timer(_INTERRUPT_AGAIN_S, _thread.interrupt_main)
+    again.daemon = True
+    again.start()
+
+
+# How long after a finalizer cut short by Ctrl-C the interrupt is raised again.
+_INTERRUPT_AGAIN_S = 0.05
+
+
+def _stop(procs: list, conns: list, shm_prefix: str, stashes: list | None = None) -> None:
   for stash in stashes or ():
     for msg in stash:
       ipc.release(msg[_DESC])
@@ -367,7 +396,8 @@ class _WorkerPool:
     # message was cut short: the workers can go on (see next_chunk).
     self.interrupted_waiting = False
     self._attached = 0
-    self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash)
+    self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash,
+                                       from_gc=True)
 
   def register(self, ds: map_lib.MapDataset, num_threads: int) -> int:
     """Adds a part; the pool stops when every registered part has detached."""
@@ -517,7 +547,10 @@ class _WorkerPool:
     return not self._finalizer.alive
 
   def close(self) -> None:
-    self._finalizer()
+    detached = self._finalizer.detach()  # Not a finalizer now: a Ctrl-C is raised here.
+    if detached is not None:
+      _, fn, args, _ = detached
+      fn(*args)
 
 
 def _runs_only_loader_code(ds: map_lib.MapDataset) -> bool:
