@@ -583,13 +583,23 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
           self._buffer, self._pos = [], 0
           self._producer.reset(self._buffer_start)
           raise error
-        chunk = self._producer.next_chunk()
-        if chunk is None:
-          raise StopIteration
-        self._buffer_start, elements, self._error = chunk
-        # Our own list: slots are cleared below, and a dataset's _getitems may return a list it keeps.
-        self._buffer = list(elements)
-        self._pos = 0
+        resume = self._buffer_start + self._pos
+        try:
+          chunk = self._producer.next_chunk()
+          if chunk is None:
+            raise StopIteration
+          self._buffer_start, elements, self._error = chunk
+          # Our own list: slots are cleared below, and a dataset's _getitems may return a list it keeps.
+          self._buffer = list(elements)
+          self._pos = 0
+        except KeyboardInterrupt:
+          # A Ctrl-C may have come after the producer handed the chunk over:
+          # in process, the next call computes it again from this position
+          # (worker pools keep their own place, see mp_prefetch).
+          if isinstance(self._producer, (ThreadChunkProducer, SyncChunkProducer)):
+            self._buffer, self._pos, self._buffer_start, self._error = [], 0, resume, None
+            self._producer.reset(resume)
+          raise
         if self._ratio_check:
           self._check_ratio()
         continue

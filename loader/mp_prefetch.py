@@ -24,7 +24,6 @@ only a killed worker can have left behind.
 
 from __future__ import annotations
 
-import _thread
 import ast
 import collections
 import contextlib
@@ -227,13 +226,12 @@ def _encode_before_failure(elements: list, name: str, error: Exception, lock: th
   return ipc.encode([], name), error
 
 
-def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = None, *,
-              from_gc: bool = False) -> None:
+def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = None) -> None:
   """Stops workers and frees every segment; safe to call more than once.
 
-  A Ctrl-C meanwhile ends the workers at once and is raised again. As a
-  garbage-collection finalizer (`from_gc`: an iterator dropped), where Python
-  would print and ignore it, it is raised in the main thread just after.
+  A Ctrl-C meanwhile ends the workers at once and is raised again. Inside a
+  finalizer (an iterator dropped: `del it`, a new epoch's `iter(ds)`), where
+  Python would print and ignore it, it is raised in the main thread just after.
   """
   try:
     _stop(procs, conns, shm_prefix, stashes)
@@ -244,15 +242,28 @@ def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = 
       except (OSError, ValueError, AttributeError):
         pass
     _stop(procs, conns, shm_prefix, stashes)
-    if not from_gc:
+    if not _in_finalizer():
       raise
-    # After the finalizer has returned: raised inside it, it would be ignored.
-    again = threading.Timer(_INTERRUPT_AGAIN_S, _thread.interrupt_main)
+    # A real SIGINT to the main thread: it also wakes a blocking call there.
+    again = threading.Timer(_INTERRUPT_AGAIN_S, signal.pthread_kill,
+                            (threading.main_thread().ident, signal.SIGINT))
     again.daemon = True
     again.start()
 
 
-# How long after a finalizer cut short by Ctrl-C the interrupt is raised again.
+def _in_finalizer() -> bool:
+  """Whether a weakref.finalize callback is running on this thread's stack."""
+  code = weakref.finalize.__call__.__code__
+  frame = sys._getframe(1)  # pylint: disable=protected-access
+  while frame is not None:
+    if frame.f_code is code:
+      return True
+    frame = frame.f_back
+  return False
+
+
+# How long after a finalizer cut short by Ctrl-C the interrupt is raised again
+# (by then the finalizer has returned: raised inside it, it would be ignored).
 _INTERRUPT_AGAIN_S = 0.05
 
 
@@ -396,8 +407,7 @@ class _WorkerPool:
     # message was cut short: the workers can go on (see next_chunk).
     self.interrupted_waiting = False
     self._attached = 0
-    self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash,
-                                       from_gc=True)
+    self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash)
 
   def register(self, ds: map_lib.MapDataset, num_threads: int) -> int:
     """Adds a part; the pool stops when every registered part has detached."""
@@ -547,10 +557,7 @@ class _WorkerPool:
     return not self._finalizer.alive
 
   def close(self) -> None:
-    detached = self._finalizer.detach()  # Not a finalizer now: a Ctrl-C is raised here.
-    if detached is not None:
-      _, fn, args, _ = detached
-      fn(*args)
+    self._finalizer()
 
 
 def _runs_only_loader_code(ds: map_lib.MapDataset) -> bool:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -716,3 +717,90 @@ def test_a_state_restores_with_or_without_mp_prefetch_before_a_batch():
   next(mapped)
   with pytest.raises(ValueError, match="saved from a different pipeline"):
     iter(pipeline(False)).set_state(mapped.get_state())
+
+
+def _slightly_slow(x):
+  time.sleep(0.002)
+  return x
+
+
+def _interrupted_after(it, seconds: float, got: list) -> None:
+  """Reads `it` into `got` until a KeyboardInterrupt (SIGALRM after `seconds`) stops it."""
+  def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+  old = signal.signal(signal.SIGALRM, interrupt)
+  try:
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    with pytest.raises(KeyboardInterrupt):
+      while True:
+        got.append(next(it))
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("num_threads", [0, 16])
+def test_going_on_after_a_ctrl_c_without_workers_skips_nothing(num_threads):
+  # As after "interrupt kernel" in a notebook: the loop stops, then goes on.
+  make = lambda: loader.MapDataset.range(400).map(_slightly_slow).to_iter_dataset(
+      loader.ReadOptions(num_threads=num_threads))
+  it = iter(make())
+  got = [next(it)]
+  _interrupted_after(it, 0.05, got)
+  assert got == list(range(len(got))) and len(got) < 400
+  assert list(it) == list(range(len(got), 400))
+
+
+def test_prefetch_to_device_loses_no_batch_to_a_ctrl_c():
+  pytest.importorskip("jax")
+  from loader import jax as loader_jax
+  host = loader.MapDataset.range(4000).map(_slightly_slow).batch(4).to_iter_dataset()
+  it = loader_jax.prefetch_to_device(iter(host), size=2)
+  got = [next(it)]
+  for _ in range(3):
+    _interrupted_after(it, 0.03, got)
+  rest = list(it)
+  assert [np.asarray(b).tolist() for b in got + rest] == [list(range(i, i + 4)) for i in range(0, 4000, 4)]
+
+
+_DROPPED_ITERATOR_CTRL_C = """
+import gc, signal, sys, time
+import loader
+from loader import mp_prefetch
+
+def slow(x):
+  time.sleep(0.2)
+  return x
+
+if __name__ == "__main__":
+  ds = loader.MapDataset.range(200).map(slow).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=2))
+  it = iter(ds)
+  next(it)
+  stop, calls = mp_prefetch._stop, []
+  def interrupted_stop(*args):  # The Ctrl-C lands while the finalizer waits for the workers.
+    calls.append(mp_prefetch._in_finalizer())
+    if len(calls) == 1:
+      raise KeyboardInterrupt
+    stop(*args)
+  mp_prefetch._stop = interrupted_stop
+  try:
+    del it
+    gc.collect()
+    time.sleep(3)  # The program would go on here if the interrupt were lost.
+    print("lost")
+  except KeyboardInterrupt:
+    print("raised", calls)
+"""
+
+
+def test_a_ctrl_c_while_a_dropped_iterator_stops_its_workers_is_raised_again(tmp_path):
+  # `del it` (or `it = iter(ds)` for the next epoch) stops the workers in a
+  # finalizer, where Python ignores exceptions: the Ctrl-C must not be lost.
+  script = tmp_path / "drop.py"
+  script.write_text(_DROPPED_ITERATOR_CTRL_C)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": root})
+  assert proc.stdout.strip() == "raised [True, True]", (proc.stdout, proc.stderr[-2000:])
