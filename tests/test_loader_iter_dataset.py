@@ -51,8 +51,15 @@ def _pipelines(files):
 
 
 def test_random_access_prefix_is_rewritten_into_map_dataset_ops():
-  ds = loader.MapDataset.range(10).to_iter_dataset().map(lambda x: x + 1).batch(3)
+  ds = loader.MapDataset.range(10).to_iter_dataset().batch(3).map(lambda b: b + 1)
   assert isinstance(ds, iter_lib.MapBackedIterDataset)
+  assert [b.tolist() for b in ds] == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10]]
+  # After a map (which may return None, dropped by to_iter_dataset() as in
+  # Grain) the batch runs on the elements.
+  after_map = loader.MapDataset.range(10).to_iter_dataset().map(lambda x: x + 1).batch(3)
+  assert isinstance(after_map, sequential.BatchIterDataset)
+  assert isinstance(after_map._parent, iter_lib.MapBackedIterDataset)
+  assert [b.tolist() for b in after_map] == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10]]
   after_filter = loader.MapDataset.range(10).to_iter_dataset().filter(lambda x: x % 2).batch(2)
   assert isinstance(after_filter, sequential.BatchIterDataset)
   assert isinstance(after_filter._parent, iter_lib.MapBackedIterDataset)
@@ -209,18 +216,19 @@ class _Flaky:
     return x
 
 
-@pytest.mark.parametrize("stage", ["prefix_map", "prefetch", "seq_map", "seq_filter", "seq_batch"])
+@pytest.mark.parametrize("stage", ["prefix_map", "prefix_batch", "prefetch", "seq_map", "seq_filter", "seq_batch"])
 def test_an_error_consumes_the_failing_element_and_next_goes_on_as_in_grain(stage):
   # The random-access prefix retries a failed chunk element by element once,
   # so there an error must occur twice to surface; and where a loaded machine
   # measures the map as costly, the probes that decide whether to split chunks
   # over threads may compute (and drop) the element a few times more.
-  times = 10 if stage in ("prefix_map", "prefetch") else 1
+  times = 10 if stage in ("prefix_map", "prefix_batch", "prefetch") else 1
   base = loader.MapDataset.range(30).to_iter_dataset()
 
   def make(flaky):
     return {
         "prefix_map": lambda: base.map(flaky).batch(4),
+        "prefix_batch": lambda: loader.MapDataset.range(30).map(flaky).batch(4).to_iter_dataset(),
         "prefetch": lambda: base.map(flaky).prefetch(3),
         "seq_map": lambda: base.filter(lambda x: x != 2).batch(4).map(lambda b: [flaky(int(x)) for x in b]),
         "seq_filter": lambda: base.filter(lambda x: x != 2).batch(2).filter(lambda b: flaky(int(b[0])) >= 0),
@@ -236,12 +244,16 @@ def test_an_error_consumes_the_failing_element_and_next_goes_on_as_in_grain(stag
       before.append(np.asarray(x).tolist())
   assert before == reference[:len(before)]
   state = it.get_state()
-  # The failed element (a whole batch where the batch is folded into the
-  # random-access part) is consumed; a loop that skips errors ends.
-  assert as_list(it) == reference[len(before) + 1:]
+  # The failed element (a whole batch where the batch is computed with the
+  # reads: a MapDataset.batch) is consumed; a loop that skips errors ends.
+  # A batch after the map runs on the elements: as in Grain, the elements
+  # read for the failed batch are consumed, and the next batch starts after 13.
+  rest = ([list(range(s, min(s + 4, 30))) for s in range(14, 30, 4)] if stage == "prefix_map"
+          else reference[len(before) + 1:])
+  assert as_list(it) == rest
   restored = iter(make(_Flaky((), 0)))
   restored.set_state(state)
-  assert as_list(restored) == reference[len(before) + 1:]
+  assert as_list(restored) == rest
 
 
 def test_computing_splits_that_do_not_run_side_by_side_leave_chunks_whole():
