@@ -224,6 +224,19 @@ class SyncChunkProducer:
     pass
 
 
+class ForkedIteratorError(RuntimeError):
+  """next() on an iterator in a process forked from the one that created it."""
+
+
+def check_same_process(pid: int) -> None:
+  """Raises ForkedIteratorError unless this is process `pid` (an iterator's threads
+  and worker pipes belong to the process that started them)."""
+  if os.getpid() != pid:
+    raise ForkedIteratorError(
+        f"This iterator was started in process {pid}, and this is process {os.getpid()} (a fork of it?): its "
+        "threads and worker processes belong to the other one. Create a new iterator here with iter(dataset).")
+
+
 def available_cores() -> int:
   """Cores this process may run on: its CPU affinity, which containers restrict."""
   try:
@@ -464,6 +477,7 @@ class ThreadChunkProducer:
     if self._pool is None:
       self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader-compute")
       self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+      self._pid = os.getpid()
     self._top_up()
 
   def _top_up(self) -> None:
@@ -478,6 +492,8 @@ class ThreadChunkProducer:
       self._next_submit = stop
 
   def next_chunk(self) -> Chunk | None:
+    if self._pool is not None:
+      check_same_process(self._pid)
     self.start()
     if not self._pending:
       return None

@@ -226,13 +226,19 @@ def _encode_before_failure(elements: list, name: str, error: Exception, lock: th
   return ipc.encode([], name), error
 
 
-def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = None) -> None:
+def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = None,
+              owner: int | None = None) -> None:
   """Stops workers and frees every segment; safe to call more than once.
+
+  Only in the `owner` process: a process forked from it (which inherited this
+  pool) must not stop the owner's workers or free its segments.
 
   A Ctrl-C meanwhile ends the workers at once and is raised again. Inside a
   finalizer (an iterator dropped: `del it`, a new epoch's `iter(ds)`), where
   Python would print and ignore it, it is raised in the main thread just after.
   """
+  if owner is not None and owner != os.getpid():
+    return
   try:
     _stop(procs, conns, shm_prefix, stashes)
   except KeyboardInterrupt:
@@ -392,6 +398,7 @@ class _WorkerPool:
     self.leaves: list[map_lib.MapDataset] = []
     self._threads: list[int] = []  # Per part: its ReadOptions.num_threads.
     self.procs: list[Any] = []
+    self.pid = os.getpid()  # The process whose pipes these are (see engine.check_same_process).
     self.conns: list[Any] = []
     ipc.sweep_dead()
     self.prefix = ipc.segment_prefix()
@@ -407,7 +414,7 @@ class _WorkerPool:
     # message was cut short: the workers can go on (see next_chunk).
     self.interrupted_waiting = False
     self._attached = 0
-    self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash)
+    self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash, self.pid)
 
   def register(self, ds: map_lib.MapDataset, num_threads: int) -> int:
     """Adds a part; the pool stops when every registered part has detached."""
@@ -647,6 +654,7 @@ class MultiprocessChunkProducer:
       self._chunks[c] = (start, stop, self._pool.submit(self._leaf, self._gen, c, start, stop))
 
   def next_chunk(self) -> engine.Chunk | None:
+    engine.check_same_process(self._pool.pid)
     if self._pool.error is not None:
       raise self._pool.error
     c = self._next_consume

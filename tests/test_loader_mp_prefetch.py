@@ -804,3 +804,32 @@ def test_a_ctrl_c_while_a_dropped_iterator_stops_its_workers_is_raised_again(tmp
   proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                         env={**os.environ, "PYTHONPATH": root})
   assert proc.stdout.strip() == "raised [True, True]", (proc.stdout, proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_forked_child_cannot_use_or_stop_its_parents_iterator(workers):
+  ds = loader.MapDataset.range(300).shuffle(seed=1).map(_slightly_slow).batch(10).to_iter_dataset()
+  if workers:
+    ds = ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
+  reference = [b.tolist() for b in loader.MapDataset.range(300).shuffle(seed=1).batch(10)]
+  it = iter(ds)
+  got = [next(it).tolist() for _ in range(5)]
+  read, write = os.pipe()
+  pid = os.fork()
+  if pid == 0:  # The child: one clear error; dropping its copy stops nothing of the parent's.
+    try:
+      try:
+        next(it)
+        os.write(write, b"no error")
+      except engine.ForkedIteratorError as e:
+        os.write(write, b"ForkedIteratorError" if "Create a new iterator here" in str(e) else b"other text")
+      del it
+      gc.collect()
+    finally:
+      os._exit(0)
+  os.close(write)
+  with os.fdopen(read, "rb") as f:
+    assert f.read() == b"ForkedIteratorError"
+  os.waitpid(pid, 0)
+  got += [b.tolist() for b in it]
+  assert got == reference
