@@ -494,6 +494,7 @@ class ThreadChunkProducer:
   def next_chunk(self) -> Chunk | None:
     if self._pool is not None:
       check_same_process(self._pid)
+    self.handed_over = False
     self.start()
     if not self._pending:
       return None
@@ -501,6 +502,7 @@ class ThreadChunkProducer:
     # Taken off the queue only once done: a Ctrl-C while waiting leaves it
     # there, and the next call waits for it again (no chunk is skipped).
     elements, error, seconds = fut.result()
+    self.handed_over = True  # Off the queue from here: a Ctrl-C now needs a reset (see MapDatasetIterator).
     self._pending.popleft()
     self._sizer.observe(elements, seconds)
     if error is not None:
@@ -599,7 +601,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
           self._buffer, self._pos = [], 0
           self._producer.reset(self._buffer_start)
           raise error
-        resume = self._buffer_start + self._pos
+        resume, chunk = self._buffer_start + self._pos, None
         try:
           chunk = self._producer.next_chunk()
           if chunk is None:
@@ -612,7 +614,8 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
           # A Ctrl-C may have come after the producer handed the chunk over:
           # in process, the next call computes it again from this position
           # (worker pools keep their own place, see mp_prefetch).
-          if isinstance(self._producer, (ThreadChunkProducer, SyncChunkProducer)):
+          handed_over = chunk is not None or getattr(self._producer, "handed_over", False)
+          if handed_over and isinstance(self._producer, (ThreadChunkProducer, SyncChunkProducer)):
             self._buffer, self._pos, self._buffer_start, self._error = [], 0, resume, None
             self._producer.reset(resume)
           raise

@@ -151,8 +151,10 @@ class IterDataset(grain_interop.IterDataset, Generic[T], metaclass=_IterDatasetM
     # Derived from this stream's shape (as Grain does), before any folding.
     seed = checks.random_map_seed(self, seed, "random_map()")
     base = self._random_access()
-    if base is not None and not base.map_dataset._may_yield_none:  # pylint: disable=protected-access
-      # Stream position == MapDataset index here, so the generators are Grain's.
+    if base is not None and not base.map_dataset._may_contain_none:  # pylint: disable=protected-access
+      # Stream position == MapDataset index here, so the generators are Grain's
+      # (unless a map returned None, which Grain's to_iter_dataset() drops:
+      # positions then count it here; see README).
       return base.rebase(base.map_dataset.random_map(fn, seed=seed), grain_layer="index_for_rng")
     return sequential.RandomMapIterDataset(self, fn, seed)
 
@@ -160,7 +162,7 @@ class IterDataset(grain_interop.IterDataset, Generic[T], metaclass=_IterDatasetM
     """Applies `transform(index, element)`, index = position in this stream."""
     fn = checks.resolve_fn(transform, "map_with_index", "map_with_index()")
     base = self._random_access()
-    if base is not None and not base.map_dataset._may_yield_none:  # pylint: disable=protected-access
+    if base is not None and not base.map_dataset._may_contain_none:  # pylint: disable=protected-access
       return base.rebase(base.map_dataset.map_with_index(fn), grain_layer="counter")
     return sequential.MapWithIndexIterDataset(self, fn)
 

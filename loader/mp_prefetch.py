@@ -564,7 +564,12 @@ class _WorkerPool:
     return not self._finalizer.alive
 
   def close(self) -> None:
-    self._finalizer()
+    # Called directly, not as the finalizer: a Ctrl-C while the workers stop
+    # is raised here (unless this close runs within another finalizer).
+    detached = self._finalizer.detach()
+    if detached is not None:
+      _, fn, args, kwargs = detached
+      fn(*args, **(kwargs or {}))
 
 
 def _runs_only_loader_code(ds: map_lib.MapDataset) -> bool:

@@ -131,7 +131,11 @@ class IndexSampler:
   def _keys_of(self, indices: np.ndarray) -> np.ndarray:
     """Record keys of global sampler indices `indices`, in one batched call."""
     positions = indices // self._shard_options.shard_count
-    return np.asarray(self._record_keys._getitems(positions), dtype=np.int64)  # pylint: disable=protected-access
+    keys = self._record_keys
+    if isinstance(keys, map_dataset.MapDataset):
+      return np.asarray(keys._getitems(positions), dtype=np.int64)  # pylint: disable=protected-access
+    # A subclass may set any sequence (an array of keys): indexed as Grain does.
+    return np.asarray([keys[p] for p in positions.tolist()], dtype=np.int64)
 
   @property
   def _rng_seed(self) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import os
 import queue
 import threading
 import time
@@ -24,6 +25,7 @@ from loader import checks
 from loader import dataset_iterator
 from loader import dataset_options
 from loader import element_spec
+from loader import engine
 from loader import state as state_lib
 from loader.dataset_iterator import DatasetIterator
 from loader.iter_dataset import IterDataset
@@ -235,9 +237,25 @@ def _stop_prefetch_threads() -> None:
     thread.join(max(0.0, deadline - time.monotonic()))
 
 
+def _has_foreign_iterator(it: Any) -> bool:
+  """Whether an iterator below `it` (or `it`) is not loader's: its state may be
+  a live object it goes on changing (loader's states are new dicts each time)."""
+  todo, seen = [it], set()
+  while todo:
+    node = todo.pop()
+    if id(node) in seen:
+      continue
+    seen.add(id(node))
+    if isinstance(node, Checkpointable) or not type(node).__module__.startswith("loader."):
+      return True
+    todo.extend(getattr(node, "_parents", ()))
+  return False
+
+
 def _prefetch_loop(parent: DatasetIterator, out: queue.Queue, stop: threading.Event) -> None:
   # A plain function holding no reference to the iterator, so an abandoned
   # iterator can be garbage collected (its finalizer sets `stop`).
+  copy_state = copy.deepcopy if _has_foreign_iterator(parent) else (lambda state: state)
   def put(item) -> bool:
     while not stop.is_set():
       try:
@@ -254,9 +272,9 @@ def _prefetch_loop(parent: DatasetIterator, out: queue.Queue, stop: threading.Ev
       except StopIteration:
         put(_END)
         return
-      # A copy: a parent's state may hold containers it goes on changing
-      # while this thread runs ahead (Grain copies it too).
-      if not put((x, copy.deepcopy(parent.get_state()))):
+      # A copy: a custom parent's state may hold containers it goes on
+      # changing while this thread runs ahead (Grain copies every state).
+      if not put((x, copy_state(parent.get_state()))):
         return
   except BaseException as e:  # pylint: disable=broad-except
     put(_Raised(e))
@@ -275,6 +293,7 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
     self._done = False
 
   def _start(self) -> None:
+    self._pid = os.getpid()
     self._queue = queue.Queue(maxsize=self._buffer_size)
     self._stop = threading.Event()
     self._thread = threading.Thread(
@@ -296,6 +315,8 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
       raise StopIteration
     if self._thread is None:
       self._start()
+    else:
+      engine.check_same_process(self._pid)  # A forked child has no such thread: it would wait forever.
     item = self._queue.get()
     if item is _END:
       self._done = True
@@ -397,7 +418,8 @@ class ThreadPrefetchDatasetIterator(_ThreadPrefetchIterator[T]):
       self._parent.start_prefetch()
 
   def get_state(self) -> Any:
-    return super().get_state() if self._buffer_size else self._parent.get_state()
+    # A copy, as with a buffer: the parent may go on changing what it returned.
+    return super().get_state() if self._buffer_size else copy.deepcopy(self._parent.get_state())
 
   def set_state(self, state: Any) -> None:
     if self._buffer_size:

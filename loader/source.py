@@ -712,8 +712,9 @@ def may_yield_none(source: Any) -> bool:
     return source.dtype == object and any(x is None for x in source.flat)
   if type(source) in (list, tuple):
     return any(x is None for x in source)
-  # array_record's, Grain's and TFDS's sources give records, never None.
-  return not type(source).__module__.startswith(_EXACT_GETITEMS_PACKAGES)
+  # Loader's, array_record's, Grain's and TFDS's sources give records, never None.
+  module = type(source).__module__
+  return not (module.startswith(_EXACT_GETITEMS_PACKAGES) or module.split(".")[0] == "loader")
 
 
 def _batched_method(source: Any) -> str | None:
@@ -804,10 +805,10 @@ class BatchedSource:
           self._batched_works = True
           return out
         except TypeError:
-          # A `__getitems__` that cannot be called with keys at all, as that
-          # of `tfds.testing.mock_data`'s sources: Grain reads by index only,
-          # so such a source works there; it is read by index here too (a
-          # real error comes back from `__getitem__`).
+          # A `__getitems__` that fails on its first call, as that of
+          # `tfds.testing.mock_data`'s sources (it cannot take the keys):
+          # Grain reads by index only, so such a source works there; it is
+          # read by index here too (a real error comes back from `__getitem__`).
           if self._batched != "__getitems__":
             raise
           self._batched_works = False

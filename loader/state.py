@@ -190,10 +190,17 @@ def _unfold_batches(ops: Sequence[str]) -> list[str]:
   name one stream.
   """
   out = list(ops)
-  for i in range(len(out) - 1):
-    unit, size = _FOLDED_UNIT.fullmatch(out[i + 1]), _BATCH_SIZE.match(out[i])
-    if unit and size and unit.group(1) == size.group(1):
-      out[i], out[i + 1] = "to_iter_dataset()", out[i]
+  for j, op in enumerate(out):
+    unit = _FOLDED_UNIT.fullmatch(op)
+    if not unit:
+      continue
+    # The batches folded into it come right before it; their sizes multiply to its unit.
+    i, product = j, 1
+    while i > 0 and _BATCH_SIZE.match(out[i - 1]) and product < int(unit.group(1)):
+      i -= 1
+      product *= int(_BATCH_SIZE.match(out[i]).group(1))
+    if i < j and product == int(unit.group(1)):
+      out[i:j + 1] = ["to_iter_dataset()", *out[i:j]]
   return out
 
 

@@ -81,14 +81,12 @@ def write_tfrecord_file(path: str, records, *, overwrite: bool = False) -> None:
     with open(tmp, "wb") as f:
       for r in records:
         f.write(tfrecord_frame(r))
-    if overwrite:
-      os.replace(tmp, path)
-    else:
-      try:
-        os.link(tmp, path)  # Fails if the name was taken meanwhile: nothing is replaced.
-      except FileExistsError:
-        raise FileExistsError(f"{path} appeared while it was written (another run?); it was kept. "
-                              "Pass --overwrite (overwrite=True) to replace it.") from None
+    try:
+      # Without overwrite, a name taken meanwhile (another run) is never replaced.
+      ondisk.publish_local(tmp, path, expect=ondisk.REPLACE_ANY if overwrite else None)
+    except ondisk.ClobberError:
+      raise FileExistsError(f"{path} appeared while it was written (another run?); it was kept. "
+                            "Pass --overwrite (overwrite=True) to replace it.") from None
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)

@@ -386,3 +386,20 @@ def test_data_loader_states_naming_a_map_dataset_source_by_its_old_repr_still_re
   state["data_source"] = "MapDataset.source([0, 1, 2])"
   with pytest.raises(ValueError, match="another pipeline: data_source"):
     iter(make()).set_state(json.dumps(state).encode())
+
+
+def test_states_of_folded_batches_after_a_map_restore_into_the_sequential_batches():
+  # Until a map (which may return None) stopped it, batches after
+  # to_iter_dataset() were folded into the reads: their states still restore.
+  make = lambda: loader.MapDataset.range(60).shuffle(seed=2).map(lambda x: x + 1).to_iter_dataset().batch(2).batch(3)
+  it = iter(make())
+  take(it, 2)
+  state = it.get_state()
+  rest = [b.tolist() for b in it]
+  assert state["pipeline"][-3:] == ["to_iter_dataset()", "batch(2, drop_remainder=False)",
+                                    "batch(3, drop_remainder=False)"]
+  saved_before = {**state, "pipeline": state["pipeline"][:-3] + [
+      "batch(2, drop_remainder=False)", "batch(3, drop_remainder=False)", "to_iter_dataset(unit=6)"]}
+  again = iter(make())
+  again.set_state(saved_before)
+  assert [b.tolist() for b in again] == rest

@@ -806,10 +806,12 @@ def test_a_ctrl_c_while_a_dropped_iterator_stops_its_workers_is_raised_again(tmp
   assert proc.stdout.strip() == "raised [True, True]", (proc.stdout, proc.stderr[-2000:])
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, 2, "thread_prefetch"])
 def test_a_forked_child_cannot_use_or_stop_its_parents_iterator(workers):
   ds = loader.MapDataset.range(300).shuffle(seed=1).map(_slightly_slow).batch(10).to_iter_dataset()
-  if workers:
+  if workers == "thread_prefetch":
+    ds = loader.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=4)
+  elif workers:
     ds = ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
   reference = [b.tolist() for b in loader.MapDataset.range(300).shuffle(seed=1).batch(10)]
   it = iter(ds)
