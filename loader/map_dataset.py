@@ -160,9 +160,10 @@ class MapDataset(grain_interop.MapDataset, Generic[T], metaclass=_MapDatasetMeta
     """Whether an element may be None: a hole (filter), or a value user code returned.
 
     Grain's to_iter_dataset() drops None elements, so an iterator-level batch
-    (or random_map, map_with_index) after it is folded into the random-access
-    part only where no element can be None. Subclasses defined outside loader
-    may return None from __getitem__.
+    after it is folded into the random-access part only where no element can
+    be None (random_map and map_with_index are folded where no filter leaves
+    holes; see README). Subclasses defined outside loader may return None
+    from __getitem__.
     """
     if self._may_contain_none or not type(self).__module__.startswith("loader."):
       return True
