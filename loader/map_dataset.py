@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import abc
 import functools
-import math
 import operator
 import sys
 from collections.abc import Callable, Sequence
@@ -705,7 +704,8 @@ class BatchMapDataset(MapDataset[S]):
     if drop_remainder:
       self._len = self._parent_len // self._batch_size
     else:
-      self._len = math.ceil(self._parent_len / self._batch_size)
+      # Integer ceil: float division rounds an infinite parent (sys.maxsize) up past an index.
+      self._len = -(-self._parent_len // self._batch_size)
 
   def __len__(self) -> int:
     return self._len

@@ -447,11 +447,11 @@ class WithSeedIterDataset(SequentialIterDataset[T]):
 
   def __init__(self, parent: IterDataset[T], seed: int):
     super().__init__(parent)
-    self.seed = seed
-    self._seed_rng_seed = seed  # Grain's name; downstream ops derive theirs from it.
+    # Only Grain's attribute: a plain `self.seed` would shadow the `seed()` method.
+    self._seed_rng_seed = seed  # Downstream ops derive theirs from it.
 
   def _op_repr(self) -> str:
-    return f".seed({self.seed})"
+    return f".seed({self._seed_rng_seed})"
 
   def make_iterator(self, parent: DatasetIterator) -> DatasetIterator[T]:
     return parent

@@ -718,3 +718,28 @@ result = [list(grain.MapDataset.range(5).batch(2, batch_fn=lambda xs: batch_and_
 """)
   assert plain(l.result) == plain(g.result) == [[[0, 1], [2, 3], [4, 0]], True, True]
   assert g.grain.__name__.startswith("grain") and l.grain.__name__.startswith("loader")
+
+
+# ---- Found by the differential fuzzer ---------------------------------------
+
+def test_batch_of_one_over_an_infinite_dataset_streams_like_grain():
+  g, l = porting.run_both("""
+import itertools
+import grain.python as grain
+
+it = iter(grain.MapDataset.range(10).repeat().to_iter_dataset().batch(1))
+batches = [b.tolist() for b in itertools.islice(it, 12)]
+""")
+  assert l.batches == g.batches == [[i % 10] for i in range(12)]
+
+
+def test_a_second_seed_after_an_iterator_stage_overrides_the_first_like_grain():
+  g, l = porting.run_both("""
+import grain.python as grain
+
+ds = grain.MapDataset.range(10).to_iter_dataset().filter(lambda x: x % 2 == 0)
+drawn = list(ds.seed(1).seed(2).random_map(lambda x, rng: (x, int(rng.integers(100)))))
+only_second = list(ds.seed(2).random_map(lambda x, rng: (x, int(rng.integers(100)))))
+""")
+  assert plain(l.drawn) == plain(g.drawn)
+  assert plain(l.only_second) == plain(g.only_second)
