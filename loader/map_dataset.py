@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import math
 import operator
 import sys
 from collections.abc import Callable, Sequence
@@ -314,6 +315,7 @@ def _infinite(n: int) -> bool:
 
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
+_INT64_MIN = int(np.iinfo(np.int64).min)
 
 
 def _require_nonempty(ds: MapDataset, n: int) -> None:
@@ -322,17 +324,25 @@ def _require_nonempty(ds: MapDataset, n: int) -> None:
 
 
 def divmod_index(indices: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-  """(epochs, positions) of `indices` in a dataset of length n, as int64.
+  """(epochs, positions) of `indices` in a dataset of length n.
 
   Indices are int64, except past the end of a slice of an infinite dataset:
   there Grain's parent index (epoch x parent length + position) exceeds
   int64, and they travel as Python ints (an object array) until an
-  operation reduces them, as this does.
+  operation reduces them, as this does: positions are int64, and so are
+  epochs unless they still exceed int64 (n == 1).
   """
   if indices.dtype == object:  # np.divmod has no loop for Python ints.
     epochs = indices // n
-    return np.asarray(epochs, dtype=np.int64), np.asarray(indices - epochs * n, dtype=np.int64)
+    return narrow_index(epochs), np.asarray(indices - epochs * n, dtype=np.int64)
   return np.divmod(indices, n)
+
+
+def narrow_index(indices: np.ndarray) -> np.ndarray:
+  """Python-int indices as int64 where they all fit (see divmod_index)."""
+  if indices.dtype != object or (indices.size and not _INT64_MIN <= min(indices) <= max(indices) <= _INT64_MAX):
+    return indices
+  return indices.astype(np.int64)
 
 
 def join_index(epochs: np.ndarray, n: int, pos: np.ndarray, room: int = 0) -> np.ndarray:
@@ -704,8 +714,9 @@ class BatchMapDataset(MapDataset[S]):
     if drop_remainder:
       self._len = self._parent_len // self._batch_size
     else:
-      # Integer ceil: float division rounds an infinite parent (sys.maxsize) up past an index.
-      self._len = -(-self._parent_len // self._batch_size)
+      # Grain's float ceil (lengths of infinite parents match its rounding),
+      # capped: for batch size 1 it rounds sys.maxsize up past an index.
+      self._len = min(math.ceil(self._parent_len / self._batch_size), sys.maxsize)
 
   def __len__(self) -> int:
     return self._len

@@ -181,6 +181,13 @@ with tfds.testing.mock_data(num_examples=12, policy=tfds.testing.MockPolicy.USE_
 # index (epoch x sys.maxsize + position) exceeds int64.
 INFINITE_SLICES = """
 import grain
+
+class Split(grain.experimental.FlatMapTransform):
+  max_fan_out = 2
+
+  def flat_map(self, x):
+    return [x, x + 100]
+
 base = grain.MapDataset.range(5).repeat()
 mix = grain.MapDataset.mix([grain.MapDataset.range(0, 10, 2).repeat(), grain.MapDataset.range(1, 5, 2).repeat()],
                            weights=[2, 1])
@@ -200,6 +207,14 @@ cases = {
     "mix of slices": lambda: grain.MapDataset.mix([base[:3], base[1:3]], weights=[1, 1]),
     "window shuffle": lambda: grain.experimental.WindowShuffleMapDataset(base[:4], window_size=2, seed=1),
     "slice of batch": lambda: base.batch(3)[:2],
+    # Infinite parents read past a slice's end (fuzzer, round 2).
+    "slice of repeated concatenation": lambda: grain.MapDataset.concatenate(
+        [grain.MapDataset.range(3), grain.MapDataset.range(10, 12)]).repeat()[2:9],
+    "concatenation of slices, repeated": lambda: grain.MapDataset.concatenate(
+        [base[1:3], grain.MapDataset.range(10, 12)]).repeat()[1:6],
+    "flat map of infinite": lambda: grain.experimental.FlatMapMapDataset(base, Split())[3:9],
+    "flat map of slice": lambda: grain.experimental.FlatMapMapDataset(base[2:5], Split())[1:4],
+    "slice of repeated slice": lambda: base[1:4].repeat()[2:5],
 }
 plain = lambda v: v.tolist() if hasattr(v, "tolist") else v
 for name, make in cases.items():

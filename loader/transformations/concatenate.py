@@ -38,10 +38,15 @@ class ConcatSelectionMap(DatasetSelectionMap):
   def select_many(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not self._len:
       raise IndexError("Cannot read from a concatenation of empty datasets.")
-    epochs, pos = np.divmod(np.asarray(indices, dtype=np.int64), self._len)
+    epochs, pos = map_lib.divmod_index(np.asarray(indices), self._len)
     # side="right" skips empty inputs: their start equals the next one's.
     dataset_indices = np.searchsorted(self._starts, pos, side="right") - 1
-    keys = pos - self._starts[dataset_indices] + epochs * self._sizes[dataset_indices]
+    offsets = pos - self._starts[dataset_indices]
+    if indices.dtype == object:  # Past a slice of an infinite dataset: keys may exceed int64.
+      keys = map_lib.narrow_index(epochs.astype(object) * self._sizes[dataset_indices].astype(object)
+                                  + offsets.astype(object))
+    else:
+      keys = offsets + epochs * self._sizes[dataset_indices]
     return dataset_indices, keys
 
   def __getitem__(self, index: int) -> tuple[int, int]:

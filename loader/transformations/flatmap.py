@@ -86,7 +86,7 @@ class FlatMapMapDataset(map_lib.MapDataset[T]):
       return []
     # Epochs need no special case: with len == fan_out * len(parent), slot i of
     # any epoch belongs to parent index i // fan_out of the same epoch.
-    parent_indices, positions = np.divmod(np.asarray(indices, dtype=np.int64), self._max_fan_out)
+    parent_indices, positions = map_lib.divmod_index(indices, self._max_fan_out)
     # Consecutive slots share a parent element: read and split each one once.
     unique, inverse = np.unique(parent_indices, return_inverse=True)
     splits = [None if x is None else self._split(x) for x in self._parent._getitems(unique)]  # pylint: disable=protected-access

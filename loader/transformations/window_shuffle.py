@@ -81,7 +81,6 @@ class WindowShuffleMapDataset(map_lib.MapDataset[T]):
     return f".window_shuffle(window_size={self._window_size}, seed={self._seed})"
 
   def _getitems(self, indices: np.ndarray) -> list[T | None]:
-    indices = np.asarray(indices, dtype=np.int64)
     if not indices.size:
       return []
     n, ws = self._parent_len, self._window_size
@@ -91,9 +90,9 @@ class WindowShuffleMapDataset(map_lib.MapDataset[T]):
       epochs, pos = np.zeros_like(indices), indices
     else:
       epochs, pos = map_lib.divmod_index(indices, n)
-    windows, offsets = np.divmod(pos, ws)
+    windows, offsets = map_lib.divmod_index(pos, ws)
     per_epoch = -(-n // ws)
-    seeds = (self._seed + epochs * per_epoch + windows) % 2**32
+    seeds = np.asarray((self._seed + epochs * per_epoch + windows) % 2**32, dtype=np.int64)
     sizes = np.where(windows == per_epoch - 1, n - (per_epoch - 1) * ws, ws)
     shuffled = permute_in_windows(offsets, seeds, sizes)
     return self._parent._getitems(epochs * n + windows * ws + shuffled)  # pylint: disable=protected-access
