@@ -177,17 +177,21 @@ def load_state(path: str | os.PathLike) -> Any:
 def restore_state(path: str | os.PathLike, iterator: Any) -> Any:
   """Sets `iterator` to the state saved at `path`; returns the state."""
   state = load_state(path)
+  _set_naming_file(iterator.set_state, state, path)
+  return state
+
+
+def _set_naming_file(set_state_fn: Callable[[Any], None], state: Any, path: Any) -> None:
+  """`set_state_fn(state)`; a refusal (which names what differs) also names the file the state came from."""
   try:
-    iterator.set_state(state)
+    set_state_fn(state)
   except (ValueError, TypeError) as e:
-    # The iterator's refusal names what differs; say which file it came from.
     try:
       named = type(e)(f"Cannot restore {os.fspath(path)}: {e}")
     except Exception:  # pylint: disable=broad-except  # An exception class with another signature.
       e.add_note(f"(state file: {os.fspath(path)})")
       raise e from None
     raise named from e
-  return state
 
 
 # ---- Orbax -------------------------------------------------------------------
@@ -257,7 +261,7 @@ def _set_state_from_file(set_state_fn: Callable[[str], None], path: Any, raw: by
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise ValueError(f"{path} is not an iterator state (damaged or not JSON: {e}); restore another "
                      "checkpoint step.") from e
-  set_state_fn(text)
+  _set_naming_file(set_state_fn, text, path)
 
 
 class OrbaxCheckpointable:

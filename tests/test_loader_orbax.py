@@ -116,6 +116,19 @@ def test_a_damaged_state_file_is_named_in_one_line(tmp_path, content):
   assert "\n" not in str(e.value)
 
 
+def test_a_refused_state_names_the_checkpoint_file(tmp_path):
+  it = iter(_dataset())
+  next(it)
+  mngr = ocp.CheckpointManager(tmp_path / "orbax")
+  mngr.save(step=1, args=checkpoint.CheckpointSave(it), force=True)
+  mngr.wait_until_finished()
+  other = iter(loader.MapDataset.range(20).shuffle(seed=8).map(lambda x: x * 2).batch(3).to_iter_dataset())
+  with pytest.raises(ValueError, match=r"Cannot restore .*process_0-of-1.json: .*seed") as e:
+    mngr.restore(1, args=checkpoint.CheckpointRestore(other))
+  assert "\n" not in str(e.value)
+  mngr.close()
+
+
 class _Created:
   """Orbax's PathAwaitingCreation, for a directory that already exists."""
 
