@@ -93,21 +93,17 @@ class ConversionGuard:
     if os.path.exists(out) and not os.path.isdir(out):
       raise OutputError(f"--output {out} is a file, not a directory; give a directory "
                         "path (it is created if missing).")
-    missing = []
     d = ondisk.local_abspath(out)
     while not os.path.exists(d):
       if os.path.islink(d):  # A dangling link: mkdir would say only "File exists".
         raise OutputError(f"--output {out} cannot be created: {d} is a symbolic link to "
                           f"{os.readlink(d)}, which does not exist; create that directory or choose "
                           "another --output.")
-      missing.append(d)
       d = os.path.dirname(d)
     if not os.path.isdir(d):
       raise OutputError(f"--output {out} cannot be created: {d} is a file, not a directory.")
     try:
-      for m in reversed(missing):
-        os.mkdir(m)
-        self._created.append(m)
+      self._created = ondisk.make_dirs(ondisk.local_abspath(out))
       self._lock = ondisk.DirLock(out).acquire()
       # What the lock protects from here on: a run refused in planning must not
       # take an earlier stopped run's marker for its own.
@@ -231,11 +227,7 @@ class ConversionGuard:
       self._lock.release()
       self._lock = None
     if failed:
-      for d in reversed(self._created):
-        try:
-          os.rmdir(d)  # Only if still empty: never remove anything written.
-        except OSError:
-          break
+      ondisk.remove_empty_dirs(self._created)
       self._created = []
 
 

@@ -214,7 +214,7 @@ def _check_output_slot(path: str) -> None:
 
 
 def _check_name_length(path: str) -> None:
-  """Refuses an output whose name, or whose temp file's longer name, the filesystem cannot hold."""
+  """Refuses an output whose name, or its temp file's name, the filesystem cannot hold."""
   folder = os.path.dirname(ondisk.local_abspath(path))
   while not os.path.isdir(folder) and folder != os.path.dirname(folder):
     folder = os.path.dirname(folder)
@@ -222,16 +222,17 @@ def _check_name_length(path: str) -> None:
     name_max = os.pathconf(folder, "PC_NAME_MAX")
   except (OSError, ValueError):
     name_max = 255
-  # The longest temp name any of this run's processes can give it.
-  temp = os.path.basename(ondisk.temp_name(path, ondisk.Owner(10**7 - 1, 10**12, ondisk.this_process().host)))
   name = os.path.basename(path)
   size = len(os.fsencode(name))
-  extra = len(os.fsencode(temp)) - size
-  if size + extra > name_max:
+  # The longest temp name any of this run's processes can give it (it holds a
+  # cut of a long name, and the host name, which may be long).
+  temp = os.path.basename(ondisk.temp_name(path, ondisk.Owner(10**7 - 1, 10**12, ondisk.this_process().host)))
+  longest = max(size, len(os.fsencode(temp)))
+  if longest > name_max:
+    what = f"its temp file's name is {longest} bytes" if longest > size else f"it is {size} bytes"
     raise OutputError(
-        f"Output name {name!r} is {size} bytes; while it is written, its temp file's name is up to {extra} "
-        f"bytes longer, past this filesystem's {name_max}-byte limit. Rename the inputs so that their output "
-        f"names (named after them) have at most {name_max - extra} bytes.")
+        f"Output name {name!r} cannot be written here: {what}, past this filesystem's {name_max}-byte limit. "
+        f"Rename the inputs so that their output names (named after them) are shorter.")
 
 
 def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list[str],

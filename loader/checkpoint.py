@@ -70,14 +70,16 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
   directory = os.path.dirname(ondisk.local_abspath(path))
   data = json.dumps(record, indent=1, sort_keys=True)
   _check_replaceable(path)
+  created: list[str] = []
   try:
-    os.makedirs(directory, exist_ok=True)
+    created = ondisk.make_dirs(directory)
     # The temp name records this process, so a save killed midway (kill -9)
     # leaves a file the next save recognises as nobody's and removes.
     ondisk.remove_stale_temps_of(path)
     tmp = ondisk.temp_name(ondisk.local_abspath(path))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
   except OSError as e:
+    ondisk.remove_empty_dirs(created)
     raise _save_error(e, path) from e
   try:
     with os.fdopen(fd, "w") as f:
@@ -90,6 +92,7 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
       os.unlink(tmp)
     except FileNotFoundError:
       pass
+    ondisk.remove_empty_dirs(created)
     if isinstance(e, OSError) and (not e.filename or e.filename == tmp):
       raise _save_error(e, path) from e  # A full disk says nothing about where it was writing.
     raise
@@ -139,6 +142,8 @@ def _save_error(e: OSError, path: str) -> OSError:
     fix = "Free space there or save elsewhere"
   elif isinstance(e, (FileExistsError, NotADirectoryError)):
     fix = "A part of its folder's path is a file: save elsewhere"
+  elif e.errno == errno.ENAMETOOLONG:
+    fix = "A name in the path is longer than this filesystem allows: choose a shorter one"
   else:
     fix = "Save elsewhere, or fix the folder's permissions or mount"
   return OSError(e.errno, f"{e.strerror}: cannot save the iterator state to {path}; the file {kept}. {fix}", path)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import errno
+import hashlib
 import json
 import os
 import posixpath
@@ -398,16 +399,64 @@ def recorded_process_alive(info: dict[str, Any]) -> bool | None:
 _TEMP_RE = re.compile(r"\A\.(?P<base>.+)\.tmp-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]+@(?P<host>[^/@]+)\Z", re.DOTALL)
 
 
+def make_dirs(path: str) -> list[str]:
+  """Creates `path` and its missing parents; returns those created, outermost first."""
+  missing = []
+  d = path
+  while d and not os.path.isdir(d) and d != os.path.dirname(d):
+    missing.append(d)
+    d = os.path.dirname(d)
+  created = []
+  try:
+    for m in reversed(missing):
+      try:
+        os.mkdir(m)
+      except FileExistsError:
+        if not os.path.isdir(m):
+          raise
+        continue  # Made meanwhile by someone else: not ours to remove.
+      created.append(m)
+  except OSError:
+    remove_empty_dirs(created)
+    raise
+  return created
+
+
+def remove_empty_dirs(created: list[str]) -> None:
+  """Removes folders make_dirs created, innermost first, as long as they are empty."""
+  for d in reversed(created):
+    try:
+      os.rmdir(d)  # Only if still empty: never anything written meanwhile.
+    except OSError:
+      break
+
+
+_TEMP_BASE_MAX = 128  # Bytes of the final name a temp name holds; the rest is the owner (up to ~100 bytes).
+
+
 def temp_name(final_path: str, owner: Owner | None = None) -> str:
   """A hidden path beside `final_path` whose name records the owning process."""
   o = owner or this_process()
   head, tail = posixpath.split(final_path) if not is_local(final_path) else os.path.split(final_path)
-  name = f".{tail}.tmp-{o.pid}-{o.start}-{secrets.token_hex(4)}@{o.host}"
+  name = f".{temp_base(tail)}.tmp-{o.pid}-{o.start}-{secrets.token_hex(4)}@{o.host}"
   return join(head, name) if head else name
 
 
+def temp_base(final_name: str) -> str:
+  """The part of a temp name that stands for `final_name` (parse_temp_name's `base`).
+
+  A long name is cut and given a digest of the whole, so that its temp name
+  fits the filesystem's 255-byte limit whenever the final name does.
+  """
+  raw = os.fsencode(final_name)
+  if len(raw) <= _TEMP_BASE_MAX:
+    return final_name
+  digest = hashlib.sha256(raw).hexdigest()[:16]
+  return raw[:_TEMP_BASE_MAX - 17].decode("utf-8", "ignore") + "~" + digest  # "ignore": a character cut in two.
+
+
 def parse_temp_name(name: str) -> tuple[str, Owner] | None:
-  """(final basename, owner) of a temp file name made by temp_name, else None."""
+  """(temp_base of the final basename, owner) of a temp file name made by temp_name, else None."""
   m = _TEMP_RE.match(name)
   if not m:
     return None
@@ -446,6 +495,7 @@ def remove_stale_temps_of(final_path: str) -> list[str]:
     return []
   parsed = ((os.path.join(directory, name), parse_temp_name(name)) for name in names)
   # A save goes on whatever stale file it cannot remove (another user's, say).
+  base = temp_base(base)
   return _remove_stale([(path, p[1]) for path, p in parsed if p and p[0] == base], keep_going_on=OSError)
 
 

@@ -204,6 +204,40 @@ def test_saving_a_state_on_a_full_disk_names_the_path_and_keeps_the_old_one(tmp_
     assert sorted(os.listdir(where)) == ["filler", "state.json"]  # No temp file left.
 
 
+def test_a_save_that_fails_removes_the_folders_it_made(tmp_path):
+  it = iter(loader.MapDataset.range(10).to_iter_dataset())
+  next(it)
+  where = str(tmp_path / "ckpt")
+  with ft.tmpfs(where, "4k"):
+    with open(os.path.join(where, "filler"), "wb") as f:  # Take all the space.
+      try:
+        f.write(b"x" * (64 << 10))
+      except OSError:
+        pass
+    with pytest.raises(OSError, match=r"cannot save the iterator state to .*a/b/state.json; the file was not "
+                                      r"created. Free space there or save elsewhere"):
+      loader.save_state(os.path.join(where, "a", "b", "state.json"), it)
+    assert os.listdir(where) == ["filler"]  # Neither a/ nor a/b/ stays behind.
+
+
+def test_a_long_legal_state_file_name_saves_and_its_stale_temps_go(tmp_path):
+  name = "é" * 122 + ".json"  # 249 bytes: legal, and longer than any temp name made for it.
+  path = str(tmp_path / name)
+  child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                         check=True)
+  stale = ondisk.temp_name(path, ondisk.Owner(int(child.stdout), 0, ondisk.this_process().host))
+  assert len(os.fsencode(os.path.basename(stale))) <= 255
+  open(stale, "w").close()
+  it = iter(loader.MapDataset.range(10).to_iter_dataset())
+  next(it)
+  loader.save_state(path, it)
+  assert os.listdir(tmp_path) == [name]
+  assert loader.restore_state(path, iter(loader.MapDataset.range(10).to_iter_dataset()))["next_index"] == 1
+  with pytest.raises(OSError, match=r"cannot save the iterator state to .*; the file was not created. A name in "
+                                    r"the path is longer than this filesystem allows: choose a shorter one"):
+    loader.save_state(str(tmp_path / ("x" * 300)), it)
+
+
 def test_a_save_killed_midway_leaves_a_temp_the_next_save_removes(tmp_path):
   """kill -9 during save_state leaves its temp file; the next save removes those of dead processes only."""
   path = str(tmp_path / "state.json")
