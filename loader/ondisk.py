@@ -32,6 +32,7 @@ import posixpath
 import re
 import secrets
 import socket
+import stat
 from typing import Any, Iterable
 
 MANIFEST_NAME = "manifest.json"
@@ -618,6 +619,10 @@ class LockedError(RuntimeError):
         "its process exits, so a lock left by a killed run never blocks.")
 
 
+class LockPathError(ValueError):
+  """Something other than a lock file (a link, a folder) sits at a directory's lock file name."""
+
+
 class DirLock:
   """An exclusive lock on a local output directory, held by one process at a time.
 
@@ -635,7 +640,7 @@ class DirLock:
   def acquire(self) -> DirLock:
     import fcntl  # pylint: disable=g-import-not-at-top  # POSIX only; imported where needed.
     while True:
-      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      fd = self._open()
       try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except BlockingIOError:
@@ -668,6 +673,25 @@ class DirLock:
       raise
     self._fd = fd
     return self
+
+  def _open(self) -> int:
+    """The lock file, opened for writing; never a link, which would make us overwrite what it points to."""
+    try:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+      if e.errno == errno.ELOOP:
+        raise LockPathError(f"{self.path} is a symbolic link, not this tool's lock file; remove it (what it points "
+                            "to is not touched) and rerun.") from None
+      if e.errno == errno.EISDIR:
+        raise LockPathError(f"{self.path} is a folder, not this tool's lock file; move it away and rerun.") from None
+      raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+      os.close(fd)
+      what = "a hard link to another file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+      raise LockPathError(f"{self.path} is {what}, not this tool's lock file; remove it (the other name keeps "
+                          "its data) and rerun.")
+    return fd
 
   @property
   def fd(self) -> int | None:

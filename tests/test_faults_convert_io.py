@@ -276,6 +276,25 @@ def test_lock_file_is_hidden_and_gone_after_a_run(tmp_path, small):
   assert ondisk.LOCK_NAME not in os.listdir(out)
 
 
+@pytest.mark.parametrize("kind", ["symlink", "hard link", "folder"])
+def test_a_link_or_folder_at_the_lock_path_is_refused_and_nothing_it_points_to_changes(tmp_path, small, capsys,
+                                                                                        kind):
+  inp, _ = small
+  out = tmp_path / "out"
+  out.mkdir()
+  notes = tmp_path / "notes.txt"
+  notes.write_text("my notes")
+  lock = out / ondisk.LOCK_NAME
+  {"symlink": lambda: lock.symlink_to(notes), "hard link": lambda: os.link(notes, lock),
+   "folder": lock.mkdir}[kind]()
+  assert convert.main(args(inp, out)) == 2
+  line = error_line(capsys)
+  what = {"symlink": "is a symbolic link", "hard link": "is a hard link to another file", "folder": "is a folder"}
+  assert f"Cannot lock the output directory {out}: {lock} {what[kind]}, not this tool's lock file" in line, line
+  assert notes.read_text() == "my notes"
+  assert sorted(os.listdir(out)) == [ondisk.LOCK_NAME]  # Nothing converted, nothing removed.
+
+
 def test_a_second_run_into_the_same_directory_never_drops_the_first_runs_shards(tmp_path, small, capsys):
   inp, _ = small
   other = tmp_path / "other"
