@@ -189,22 +189,34 @@ class OutputWriteError(ConversionError, OSError):
     self.path, self.reason = path, reason
     super().__init__(
         f"Cannot write {path}: {reason}. Its temp file was removed and no partial file "
-        f"was left under its name; {_write_fix(reason)}, then rerun "
+        f"was left under its name; {_write_fix(reason, path)}, then rerun "
         "with --skip-existing to keep the shards already written.")
 
 
-def _write_fix(reason: str) -> str:
+def _write_fix(reason: str, path: str | None = None) -> str:
   """What to do about a failed write, from the `[Errno N] ...` at the start of its reason."""
   import errno
   code = reason[len("[Errno "):].split("]", 1)[0] if reason.startswith("[Errno ") else ""
+  if code == str(errno.ENOSPC) and path is not None and _no_free_inodes(path):
+    return "the output's filesystem has no free inodes left (`df -i`): remove files there or write elsewhere"
   fixes = {errno.ENOSPC: "free space on the output's disk",
            errno.EDQUOT: "free space or raise your disk quota",
            errno.EFBIG: "raise the file size limit (`ulimit -f`) or write to a filesystem that holds larger files",
            errno.EACCES: "fix the output folder's permissions",
-           errno.EPERM: "fix the output folder's permissions",
+           errno.EPERM: "fix the output folder's permissions (or its immutable attribute: `lsattr`)",
            errno.EROFS: "write to a filesystem mounted read-write",
            errno.EIO: "check the disk (an I/O error)"}
   return fixes.get(int(code) if code.isdigit() else None, "fix the cause (free space, permissions)")
+
+
+def _no_free_inodes(path: str) -> bool:
+  import os
+  folder = os.path.dirname(path) or "."
+  try:
+    st = os.statvfs(folder)
+  except (OSError, ValueError):
+    return False
+  return st.f_files > 0 and st.f_favail == 0 and st.f_bavail > 0
 
 
 class OutputLockedError(ConversionError):

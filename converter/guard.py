@@ -102,6 +102,10 @@ class ConversionGuard:
       d = os.path.dirname(d)
     if not os.path.isdir(d):
       raise OutputError(f"--output {out} cannot be created: {d} is a file, not a directory.")
+    manifest = ondisk.manifest_path(out)
+    if os.path.isdir(manifest):
+      raise OutputError(f"{manifest} is a folder, where this tool keeps the dataset's manifest; move it out of "
+                        f"--output {out} (or choose another --output) and rerun.")
     try:
       self._created = ondisk.make_dirs(ondisk.local_abspath(out))
       self._lock = ondisk.DirLock(out).acquire()

@@ -348,6 +348,44 @@ def _same_ends(a: str, b: str) -> bool:
     return False
 
 
+def _lossy(entry: dict[str, Any] | None) -> bool:
+  """Whether an earlier manifest's entry says its shard skipped corrupt records or ended at a truncated input."""
+  entry = entry or {}
+  skipped = entry.get("corrupt_records_skipped")
+  return bool(entry.get("input_truncated")) or (isinstance(skipped, int) and skipped > 0)
+
+
+def _rewritten_since(path: str, output: str, entry: dict[str, Any] | None) -> bool:
+  """Whether the input an output was converted from was modified after the output was written."""
+  before = (entry or {}).get("input")
+  if not (_writer.is_local(path) and _writer.is_local(output)) or (
+      isinstance(before, str) and _real(before) != _real(path)):
+    return False  # A copy or a move of the recorded input is judged by _same_input.
+  try:
+    return os.stat(path).st_mtime_ns > os.stat(output).st_mtime_ns
+  except OSError:
+    return False
+
+
+def _check_folders_free(outputs: dict[str, str], output_dir: str) -> None:
+  """Refuses an output whose folder is another output's file name, or the run's manifest or lock file."""
+  reserved = {ondisk.manifest_path(output_dir): "the run's manifest",
+              ondisk.join(output_dir, ondisk.LOCK_NAME): "the run's lock file"}
+  for o, i in outputs.items():
+    if o in reserved:
+      raise ConversionError(f"The input {i!r} would be written to {o!r}, which is {reserved[o]}. Rename the input "
+                            "or convert it into another output directory.")
+    folder = posixpath.dirname(o)  # Local paths too: this runs on POSIX only (see DirLock).
+    while len(folder) > len(output_dir.rstrip("/")):
+      taken = outputs.get(folder)
+      what = f"the output of {taken!r}" if taken is not None else reserved.get(folder)
+      if what is not None:
+        raise ConversionError(
+            f"The input {i!r} would be written to {o!r}, inside {folder!r}, which is also {what}. Rename the "
+            "input's folder or convert the two into different output directories.")
+      folder = posixpath.dirname(folder)
+
+
 def _still_stale(path: str, planned_identity: Any) -> bool:
   """Whether an output an unfinished run planned to replace still holds what it planned to replace."""
   if not _writer.is_local(path) or not isinstance(planned_identity, list):
@@ -397,6 +435,7 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
     if _writer.is_local(o):
       _check_output_slot(o)
     seen[o] = i
+  _check_folders_free(seen, options.output_dir)
   existing = [o for o in outputs if _writer.exists(o)]
   previous, stale, written_with = _manifest_policy(options, outputs, existing, run_id)
   if existing and options.existing == "error":
@@ -421,6 +460,11 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
     if foreign:
       raise OutputExistsError(foreign, "are not ArrayRecord files, so --skip-existing can neither keep "
                                        "nor replace them")
+  # Redone rather than kept: a shard that lost records when this run must lose
+  # none, and one whose input was rewritten after it (re-downloaded, repaired).
+  complete = {o for i, o in zip(inputs, outputs) if o in complete
+              and not (options.on_corrupt == "fail" and _lossy(previous.get(o)))
+              and not _rewritten_since(i, o, previous.get(o))}
   if complete and written_with is not None and written_with != options.writer_options:
     raise OutputExistsError(sorted(complete), (
         f"were written with --writer-options {written_with!r} (manifest.json says so), not this run's "

@@ -597,6 +597,10 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
           # An element's error consumes it; the filter-ratio check's error
           # comes after the elements that closed its window, consuming none.
           failed = 0 if isinstance(error, dataset_options.FilterRatioError) else 1
+          if failed and isinstance(self._producer, (ThreadChunkProducer, SyncChunkProducer)):
+            # Workers note theirs (mp_prefetch); a user's map says nothing of where it was.
+            error.add_note(f"Raised while computing element {self._buffer_start + self._pos} of {self._ds!r}; "
+                           "the stream goes on after it.")
           self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
           self._buffer, self._pos = [], 0
           self._producer.reset(self._buffer_start)

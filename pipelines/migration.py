@@ -7,6 +7,7 @@ crash of the reference match-shards pipeline on current Beam.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import apache_beam as beam
@@ -15,6 +16,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from converter import ConvertOptions, MatchFiles, OutputExistsError, TFRecordReader
+from converter.errors import OutputLockedError, OutputWriteError
 from converter import writer as _writer
 from loader import ondisk
 from pipelines import build
@@ -72,24 +74,101 @@ def _reshard_path(prefix: str, shard: int, num_shards: int, suffix: str) -> str:
 
 
 class _WriteShardFn(beam.DoFn):
+  """Writes one output shard: local ones under a temp name (published together by _PublishShardsFn)."""
+
   def __init__(self, prefix: str, num_shards: int, suffix: str, writer_options: str, overwrite: bool):
     self._prefix, self._num_shards = prefix, num_shards
     self._suffix, self._writer_options = suffix, writer_options
     self._overwrite = overwrite
+    self.shards = Metrics.counter(self.__class__, "shards_written")
 
   def process(self, keyed):
     shard, records = keyed
     path = _reshard_path(self._prefix, shard, self._num_shards, self._suffix)
-    if ondisk.is_local(path):
-      ondisk.remove_stale_temps_of(path)  # Left by a killed (kill -9) run.
-    # Without overwrite, a file another writer published meanwhile is not replaced either.
-    expect = _writer.REPLACE_ANY if self._overwrite else None
-    with _writer.ArrayRecordShardWriter(path, self._writer_options, expect=expect) as w:
-      for r in records:
-        if r is not None:
-          w.write(r)
-      w.commit()
-    yield path
+    if not ondisk.is_local(path):
+      # Objects cannot be published as a set: each is published when written.
+      expect = _writer.REPLACE_ANY if self._overwrite else None
+      with _writer.ArrayRecordShardWriter(path, self._writer_options, expect=expect) as w:
+        _write_all(w, records)
+        w.commit()
+      self.shards.inc()
+      yield path, None
+      return
+    ondisk.remove_stale_temps_of(path)  # Left by a killed (kill -9) run.
+    tmp = _writer.local_temp_path(path)
+    from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
+    try:
+      w = ArrayRecordWriter(tmp, self._writer_options)
+      try:
+        _write_all(w, records)
+      finally:
+        w.close()
+    except BaseException as e:
+      _writer.remove(tmp)
+      if isinstance(e, (OSError, RuntimeError)):
+        raise OutputWriteError(path, _writer.os_reason(e)) from e
+      raise
+    self.shards.inc()
+    yield path, tmp
+
+
+def _write_all(writer: Any, records: Any) -> None:
+  for r in records:
+    if r is not None:  # The empty marker every shard gets.
+      writer.write(r)
+
+
+class _PublishShardsFn(beam.DoFn):
+  """Gives the written temps their final names all at once, under the output folder's lock.
+
+  So a run killed before this step leaves no shard under a final name (its
+  temps go in the next run), and two runs never mix their shards.
+  """
+
+  def __init__(self, overwrite: bool):
+    self._overwrite = overwrite
+
+  def process(self, written: list[tuple[str, str | None]]):
+    staged = sorted((final, tmp) for final, tmp in written if tmp is not None)
+    if not staged:
+      return
+    folders = sorted({os.path.dirname(ondisk.local_abspath(final)) for final, _ in staged})
+    locks = []
+    try:
+      for folder in folders:
+        locks.append(ondisk.DirLock(folder).acquire())
+      present = [final for final, tmp in staged if os.path.exists(final) and os.path.exists(tmp)]
+      if present and not self._overwrite:
+        raise OutputExistsError(present, "appeared while re-sharding (another run wrote them)")
+      for final, tmp in staged:
+        if os.path.exists(tmp):  # Gone: a retry of this step published it already.
+          ondisk.publish_local(tmp, final, _writer.REPLACE_ANY)
+        yield final
+    except ondisk.LockedError as e:
+      raise OutputLockedError(str(e)) from None
+    finally:
+      for lock in locks:
+        lock.release()
+      for _, tmp in staged:
+        _writer.remove(tmp)
+
+
+class _ReshardPipeline(beam.Pipeline):
+  """A Beam pipeline that removes its shards' temp files when its run fails.
+
+  Written shards wait under temp names for the publish step; a run that
+  fails before it (a full disk, a bad input) leaves none of them behind.
+  """
+
+  output_folder: str | None = None
+
+  def run(self, *args, **kwargs):
+    try:
+      return super().run(*args, **kwargs)
+    except BaseException:
+      if self.output_folder is not None and os.path.isdir(self.output_folder):
+        ondisk.remove_stale_temps(self.output_folder, also_own=True)
+      raise
 
 
 def convert_tf_to_arrayrecord_disk(
@@ -103,6 +182,12 @@ def convert_tf_to_arrayrecord_disk(
   shard follows Beam's grouping and is not defined, as in the reference. Use
   the match-shards pipeline to keep order. Existing outputs are refused unless
   args['existing'] == 'overwrite' (the reference replaced them silently).
+
+  Local shards are written under temp names and get their final names
+  together, once all are written, under the output folder's lock: a failed
+  or killed run leaves none of them (a killed run's temps go in the next
+  run), and two runs never mix their shards. (gs:// shards are published one
+  by one as they are written.)
   """
   if args is None:
     raise ValueError("args={'input': ..., 'output': ...} is required.")
@@ -122,7 +207,8 @@ def convert_tf_to_arrayrecord_disk(
                if _writer.exists(o)]
     if present:
       raise OutputExistsError(present, "would be replaced by re-sharding")
-  p = beam.Pipeline(options=pipeline_options or build.pipeline_options([]))
+  p = _ReshardPipeline(options=pipeline_options or build.pipeline_options([]))
+  p.output_folder = os.path.dirname(ondisk.local_abspath(args["output"])) if ondisk.is_local(args["output"]) else None
   keyed = (p | "MatchInputs" >> MatchFiles(patterns)
            | "ReadAndKey" >> beam.ParDo(
                _KeyRecordsFn(num_shards, options.compression, options.on_corrupt)))
@@ -130,5 +216,7 @@ def convert_tf_to_arrayrecord_disk(
   _ = ((keyed, every_shard) | "Merge" >> beam.Flatten()
        | "GroupByShard" >> beam.GroupByKey()
        | "WriteShards" >> beam.ParDo(_WriteShardFn(
-           args["output"], num_shards, suffix, options.writer_options, existing == "overwrite")))
+           args["output"], num_shards, suffix, options.writer_options, existing == "overwrite"))
+       | "CollectShards" >> beam.combiners.ToList()
+       | "PublishShards" >> beam.ParDo(_PublishShardsFn(existing == "overwrite")))
   return p

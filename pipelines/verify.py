@@ -30,7 +30,7 @@ from pipelines import cli
 
 PROG = "arrayrecord-verify"
 
-__all__ = ["ShardCheck", "array_record_digest", "check_manifest", "check_shard", "main",
+__all__ = ["ShardCheck", "array_record_digest", "check_manifest", "check_shard", "main", "stray_outputs",
            "tfrecord_digest", "verify"]
 
 
@@ -156,6 +156,25 @@ def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
     return list(pool.map(check, zip(inputs, outputs)))
 
 
+def stray_outputs(output_dir: str, checks: Sequence[ShardCheck], suffix: str = "array_record") -> list[str]:
+  """ArrayRecord files in a local output folder that neither the manifest nor the checked inputs account for.
+
+  The dataset (its manifest) leaves them out, but a reader given a wildcard
+  over the folder reads them too.
+  """
+  manifest = read_manifest(output_dir) if ondisk.is_local(output_dir) else None
+  if manifest is None:
+    return []  # Without a manifest, other inputs' outputs cannot be told from strays.
+  known = {ondisk.absolute(s["output"]) for s in manifest.get("shards", []) if isinstance(s.get("output"), str)}
+  known.update(ondisk.absolute(c.output) for c in checks)
+  strays = []
+  for root, dirs, files in os.walk(output_dir):
+    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    strays.extend(path for name in sorted(files) if f".{suffix}" in name and not name.startswith(".")
+                  and ondisk.absolute(path := os.path.join(root, name)) not in known)
+  return strays
+
+
 class _Stopped(Exception):
   """SIGTERM (`kill`, `timeout`) or SIGHUP (a closed terminal) while checking."""
 
@@ -200,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _stopped_by_signals():
       checks = verify(args.input, args.output, args.compression, args.on_corrupt)
       manifest_problems = check_manifest(read_manifest(args.output) or {}, args.output)
+      strays = stray_outputs(args.output, checks)
   except ManifestError as e:
     return cli.fail(PROG, str(e), code=1)  # The dataset is broken, not the command line.
   except KeyboardInterrupt:
@@ -216,6 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{status} {c.output}  records={c.output_records}  {c.problem or c.output_digest}")
   for problem in manifest_problems:
     print(f"FAIL {problem}")
+  for path in strays:
+    print(f"WARN {path}: not in the manifest and converted from none of the inputs; the dataset leaves it "
+          "out, but a wildcard over the folder reads it: remove it if it is not yours")
   total = sum(c.output_records or 0 for c in checks)
   print(f"{len(checks) - len(bad)}/{len(checks)} shard(s) match ({total:,} records).")
   return 1 if bad or manifest_problems else 0

@@ -163,7 +163,7 @@ def one_line(stderr: str) -> str:
 
 
 @contextlib.contextmanager
-def tmpfs(path: str, size: str, read_only: bool = False) -> Iterator[str]:
+def tmpfs(path: str, size: str, read_only: bool = False, inodes: int | None = None) -> Iterator[str]:
   """A real tmpfs of `size` (e.g. '600k') mounted at `path`; unmounted afterwards.
 
   Needs root (CAP_SYS_ADMIN); otherwise the test is skipped with that reason.
@@ -171,7 +171,7 @@ def tmpfs(path: str, size: str, read_only: bool = False) -> Iterator[str]:
   which `chmod` cannot.
   """
   os.makedirs(path, exist_ok=True)
-  opts = f"size={size}" + (",ro" if read_only else "")
+  opts = f"size={size}" + (",ro" if read_only else "") + (f",nr_inodes={inodes}" if inodes else "")
   try:
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", path],
                           capture_output=True, text=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import os
+import time
 import subprocess
 import sys
 
@@ -73,6 +74,16 @@ def test_too_little_free_space_is_refused_before_any_work(tmp_path, small, capsy
     assert f"Not enough free space for {out}" in line and "900.0 MB" not in line
     assert "0.9 MB" in line and "Free space or choose another --output" in line
     assert os.listdir(out) == []
+
+
+def test_no_free_inodes_says_so_rather_than_free_space(tmp_path, small, capsys):
+  inp, _ = small
+  with ft.tmpfs(str(tmp_path / "mnt"), "10m", inodes=5) as mount:  # The root, the output folder, 3 more files.
+    out = os.path.join(mount, "out")
+    assert convert.main(args(inp, out)) == 1
+    line = error_line(capsys)
+    assert "[Errno 28] No space left on device" in line and "no free inodes left (`df -i`)" in line, line
+    assert ft.temps(out) == []
 
 
 def test_a_full_filesystem_is_refused_leaving_no_folder_or_lock(tmp_path, small, capsys):
@@ -276,6 +287,61 @@ def test_lock_file_is_hidden_and_gone_after_a_run(tmp_path, small):
   assert ondisk.LOCK_NAME not in os.listdir(out)
 
 
+@pytest.mark.parametrize("case", ["output file is another's folder", "manifest folder"])
+def test_outputs_that_would_take_each_others_or_the_manifests_place_are_refused_before_any_work(tmp_path, capsys,
+                                                                                                case):
+  inp, out = tmp_path / "in", tmp_path / "out"
+  if case == "output file is another's folder":
+    files, taken = ["a.tfrec", "a.array_record/x.tfrecord"], f"the output of '{inp / 'a.tfrec'}'"
+  else:
+    files, taken = ["manifest.json/x.tfrecord", "y.tfrecord"], "the run's manifest"
+  for f in files:
+    ft.write_tfrecords(str(inp / f), [b"a"])
+  assert convert.main(["--input", *(str(inp / f) for f in files), "--output", str(out), "--quiet"]) == 2
+  line = error_line(capsys)
+  assert line.startswith("arrayrecord-convert: error: The input ") and taken in line, line
+  assert not out.exists()
+  # Through the Python API, a suffix can name an output as the manifest itself.
+  from converter import ConvertOptions, ConversionError
+  from converter.planning import plan_shards
+  with pytest.raises(ConversionError, match=r"would be written to .*manifest.json', which is the run's manifest"):
+    plan_shards([str(tmp_path / "manifest.tfrecord")], ConvertOptions(output_dir=str(out), suffix="json"))
+
+
+@pytest.mark.parametrize("second_mode", ["fail", "skip"])
+def test_skip_existing_redoes_a_shard_whose_input_was_repaired(tmp_path, capsys, ar_read, second_mode):
+  inp, out = tmp_path / "in", tmp_path / "out"
+  recs = ft.make_dataset(str(inp), 2, 50, 100, seed=3)
+  name = "ds.tfrecord-00001-of-00002"
+  good = (inp / name).read_bytes()
+  damaged = bytearray(good)
+  damaged[116 * 5 + 20] ^= 1  # Inside record 5's data: its CRC fails.
+  (inp / name).write_bytes(damaged)
+  assert convert.main(args(inp, out, "--on-corrupt", "skip")) == 0
+  assert len(ar_read(str(out / ft.out_name(name)))) == 49
+  time.sleep(0.01)
+  (inp / name).write_bytes(good)  # Downloaded again: same size, same ends.
+  assert convert.main(args(inp, out, "--skip-existing", "--on-corrupt", second_mode)) == 0
+  assert "kept 1 existing" in capsys.readouterr().out
+  for n, records in recs.items():
+    assert ar_read(str(out / ft.out_name(n))) == records
+
+
+def test_skip_existing_in_fail_mode_redoes_a_shard_that_lost_records(tmp_path, capsys):
+  inp, out = tmp_path / "in", tmp_path / "out"
+  ft.make_dataset(str(inp), 1, 50, 100, seed=3)
+  name = "ds.tfrecord-00000-of-00001"
+  damaged = bytearray((inp / name).read_bytes())
+  damaged[116 * 5 + 20] ^= 1
+  (inp / name).write_bytes(damaged)
+  os.utime(inp / name, (1, 1))  # Older than any output: only the mode decides.
+  assert convert.main(args(inp, out, "--on-corrupt", "skip")) == 0
+  capsys.readouterr()
+  # The input is still damaged: this run must lose no record, so it fails on it instead of keeping 49 of 50.
+  assert convert.main(args(inp, out, "--skip-existing")) == 1
+  assert name in error_line(capsys)
+
+
 @pytest.mark.parametrize("kind", ["symlink", "hard link", "folder"])
 def test_a_link_or_folder_at_the_lock_path_is_refused_and_nothing_it_points_to_changes(tmp_path, small, capsys,
                                                                                         kind):
@@ -293,6 +359,17 @@ def test_a_link_or_folder_at_the_lock_path_is_refused_and_nothing_it_points_to_c
   assert f"Cannot lock the output directory {out}: {lock} {what[kind]}, not this tool's lock file" in line, line
   assert notes.read_text() == "my notes"
   assert sorted(os.listdir(out)) == [ondisk.LOCK_NAME]  # Nothing converted, nothing removed.
+
+
+def test_a_folder_at_the_manifests_path_is_named(tmp_path, small, capsys):
+  inp, _ = small
+  out = tmp_path / "out"
+  (out / "manifest.json").mkdir(parents=True)
+  assert convert.main(args(inp, out)) == 2
+  assert error_line(capsys) == (f"arrayrecord-convert: error: {out}/manifest.json is a folder, where this tool keeps "
+                                f"the dataset's manifest; move it out of --output {out} (or choose another --output) "
+                                "and rerun.")
+  assert os.listdir(out) == ["manifest.json"]
 
 
 def test_a_second_run_into_the_same_directory_never_drops_the_first_runs_shards(tmp_path, small, capsys):

@@ -152,3 +152,18 @@ def test_a_signal_while_checking_gives_one_line(converted, capsys, monkeypatch, 
     for s, h in before.items():
       signal.signal(s, h)
   assert ft.one_line(capsys.readouterr().err) == f"arrayrecord-verify: {how}; nothing was changed, rerun to check again"
+
+
+def test_a_stray_shard_in_the_output_is_named(copy, capsys):
+  inp, out = copy
+  shutil.copy(out / "v.array_record-00000-of-00002", out / "v.array_record-00002-of-00002")
+  assert verify.main(["--input", str(inp / "*"), "--output", str(out)]) == 0  # The dataset itself matches.
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[-2] == (f"WARN {out}/v.array_record-00002-of-00002: not in the manifest and converted from none of "
+                       "the inputs; the dataset leaves it out, but a wildcard over the folder reads it: remove it if "
+                       "it is not yours")
+  assert lines[-1] == "2/2 shard(s) match (21 records)."
+  # Outputs of inputs not checked this time are the manifest's: no warning.
+  assert verify.main(["--input", str(inp / "*00000*"), "--output", str(out)]) == 0
+  warned = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("WARN")]
+  assert warned == [f"WARN {out}/v.array_record-00002-of-00002"]

@@ -136,6 +136,25 @@ def test_errors_in_prefetch_thread_reach_the_consumer():
   it.close()
 
 
+@pytest.mark.parametrize("num_threads", [0, 2])
+def test_a_map_error_in_process_is_noted_with_the_element_it_failed_on(num_threads):
+
+  def boom(x):
+    if x == 3:
+      raise KeyError("bad element 3")
+    return x
+
+  ds = loader.MapDataset.range(6).map(boom).to_iter_dataset(loader.ReadOptions(num_threads=num_threads))
+  it = iter(ds)
+  assert [next(it) for _ in range(3)] == [0, 1, 2]
+  with pytest.raises(KeyError, match="bad element 3") as e:
+    next(it)
+  (note,) = e.value.__notes__
+  assert note.startswith("Raised while computing element 3 of MapDataset.source(range(0, 6)).map(") and note.endswith(
+      "boom); the stream goes on after it."), note
+  assert list(it) == [4, 5]
+
+
 def test_save_and_restore_state_files(files, tmp_path):
   make = _pipelines(files)["map_batch"]
   it = iter(make())

@@ -166,3 +166,27 @@ def test_import_does_not_import_tensorflow():
   r = _python(code)
   assert r.returncode == 0, r.stderr
   assert r.stdout.strip() == "[]"
+
+
+def test_reshard_publishes_all_shards_or_none(tmp_path, tf_write, ar_read):
+  import faults_testing as ft
+  src = tf_write(str(tmp_path / "in" / "few.tfrecord"), [b"1", b"2", b"3"])
+  prefix = tmp_path / "out" / "s"
+  prefix.parent.mkdir()
+  p = pipelines.convert_tf_to_arrayrecord_disk(num_shards=3, args={"input": src, "output": str(prefix)},
+                                               pipeline_options=PipelineOptions([]))
+  theirs = prefix.parent / "s-00001-of-00003.arrayrecord"
+  theirs.write_bytes(b"another run's shard")  # Published by another run after this one was built.
+  with pytest.raises(Exception, match=r"1 existing output file\(s\) appeared while re-sharding \(another run wrote "
+                                      r"them\): .*s-00001-of-00003.arrayrecord"):
+    p.run().wait_until_finish()
+  assert os.listdir(prefix.parent) == [theirs.name] and theirs.read_bytes() == b"another run's shard"
+  # A full disk while writing: no shard under a final name, no temp file left.
+  rng = __import__("numpy").random.default_rng(0)
+  big = tf_write(str(tmp_path / "in2" / "big.tfrecord"), [rng.bytes(60_000) for _ in range(12)])
+  with ft.tmpfs(str(tmp_path / "small"), "300k") as mount:
+    p = pipelines.convert_tf_to_arrayrecord_disk(num_shards=4, args={"input": big, "output": f"{mount}/s"},
+                                                 pipeline_options=PipelineOptions([]))
+    with pytest.raises(Exception, match="No space left on device"):
+      p.run().wait_until_finish()
+    assert os.listdir(mount) == []
