@@ -161,7 +161,8 @@ def compute_chunk(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tupl
     `start + len(elements)`.
   """
   try:
-    return ds._getitems(np.arange(start, stop, dtype=np.int64)), None  # pylint: disable=protected-access
+    with source_lib.reads_kept_on_failure():  # A source that streams gives the retry what it read (see there).
+      return ds._getitems(np.arange(start, stop, dtype=np.int64)), None  # pylint: disable=protected-access
   except Exception:  # pylint: disable=broad-except
     pass
   elements = []

@@ -387,6 +387,34 @@ def _batched_read() -> Iterator[None]:
     _clock.seconds = batched_read_seconds() + time.perf_counter() - t0
 
 
+_reads_log = threading.local()
+
+
+@contextlib.contextmanager
+def reads_kept_on_failure() -> Iterator[None]:
+  """Within: what sources that may stream read by index is noted; if the block raises, each keeps it.
+
+  The engine computes a chunk in one call and, if that raises, again one
+  element at a time. A source that streams (its `__getitem__` ignores the
+  index and returns the next record, as MaxText's and maxdiffusion's
+  HFDataSource do) cannot give the records of the first try again: kept,
+  they are given out again to reads of the same keys, in order (see
+  BatchedSource.read), so the retry and the chunks after it see the records
+  Grain's one-by-one reads would.
+  """
+  previous = getattr(_reads_log, "current", None)
+  log: dict[BatchedSource, list[tuple[int, Any]]] = {}
+  _reads_log.current = log
+  try:
+    yield
+  except BaseException:
+    for reader, pairs in log.items():
+      reader._keep(pairs)  # pylint: disable=protected-access
+    raise
+  finally:
+    _reads_log.current = previous
+
+
 @contextlib.contextmanager
 def parallel_reads(threads: int) -> Iterator[None]:
   """Within this block (in this thread), a read touching several files reads them with `threads` threads."""
@@ -812,25 +840,33 @@ class BatchedSource:
           if self._batched != "__getitems__":
             raise
           self._batched_works = False
+    kept = self._kept()
+    log = getattr(_reads_log, "current", None)
+    if not kept and (log is None or self.reads_by_index):
+      return [src[i] for i in keys]
+    noted = log.setdefault(self, []) if log is not None and not self.reads_by_index else None
     out = []
+    for i in keys:
+      if kept and kept[0][0] == i:
+        record = kept.popleft()[1]
+      else:
+        kept.clear()
+        record = src[i]
+      out.append(record)
+      if noted is not None:
+        noted.append((i, record))
+    return out
+
+  def _kept(self) -> collections.deque[tuple[int, Any]]:
+    """This thread's (key, record) pairs kept from a failed try (see reads_kept_on_failure)."""
     kept = getattr(self._read_before_failure, "pairs", None)
     if kept is None:
       kept = self._read_before_failure.pairs = collections.deque()
-    try:
-      for i in keys:
-        if kept and kept[0][0] == i:
-          out.append(kept.popleft()[1])
-        else:
-          kept.clear()
-          out.append(src[i])
-    except BaseException:
-      # The engine retries a failed chunk one element at a time. A source
-      # that streams (its __getitem__ ignores the index and returns the next
-      # record, as MaxText's HFDataSource does) cannot give the elements read
-      # before the failure again, so the retry gets them from here.
-      kept.extend(zip(keys, out))
-      raise
-    return out
+    return kept
+
+  def _keep(self, pairs: list[tuple[int, Any]]) -> None:
+    kept = self._kept()
+    kept.extendleft(reversed(pairs))  # Before what is left of an earlier try: those keys come later.
 
   def __getstate__(self):
     state = self.__dict__.copy()

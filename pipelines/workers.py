@@ -248,7 +248,15 @@ class _WorkerSpawner:
     kwargs["start_new_session"] = True
     if self.keep_fds:
       kwargs["pass_fds"] = tuple(self.keep_fds)
-    proc = self._real.Popen(args, **kwargs)
+    # Until the child has its own session it is in our process group, so a
+    # group Ctrl-C (killpg) could reach it: blocked here, the child inherits
+    # the block (a worker ignores these anyway; stop() kills it), and we get
+    # them once unblocked.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
+    try:
+      proc = self._real.Popen(args, **kwargs)
+    finally:
+      signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     with self._lock:
       self.procs.append(proc)
       if self.stopped:  # The run was stopped while this worker was being started.
@@ -278,6 +286,9 @@ def _zombie_exit_code(pid: int) -> int | None:
     return None
   status = int(fields[-1])  # The wait status (field 52, Linux >= 3.5).
   return -(status & 0x7F) if status & 0x7F else status >> 8
+
+
+_GROUP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def _kill(proc: subprocess.Popen) -> None:

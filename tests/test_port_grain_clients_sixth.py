@@ -312,7 +312,72 @@ if __name__ == "__main__":
 """
 
 
+# maxdiffusion's and MaxText's HFDataSource (round 10): a source whose
+# __getitem__ ignores the index and returns the next record of a stream, None
+# once it runs dry (maxdiffusion gives it a length of 10 billion). A batch
+# that meets the None, or a map that raises, must end the stream where
+# Grain's one-by-one reads end it, neither dropping the full batches before it
+# nor reading on past the error.
+STREAMING_SOURCE = """
+import grain.python as grain
+import numpy as np
+
+
+class StreamSource(grain.RandomAccessDataSource):
+
+  def __init__(self, records, length):
+    self._it = iter(range(records))
+    self._length = length
+
+  def __len__(self):
+    return self._length
+
+  def __getitem__(self, index):
+    try:
+      return {"x": np.int64(next(self._it))}
+    except StopIteration:
+      return None
+
+
+class FailOn30(grain.MapTransform):
+
+  def map(self, element):
+    if int(element["x"]) == 30:
+      raise KeyError("bad record 30")
+    return element
+
+
+def run(records, length, operations, worker_count=0):
+  loader = grain.DataLoader(
+      data_source=StreamSource(records, length), operations=operations, worker_count=worker_count,
+      sampler=grain.IndexSampler(num_records=length, num_epochs=1, shard_options=grain.NoSharding(), shuffle=False,
+                                 seed=0),
+      read_options=grain.ReadOptions(num_threads=1, prefetch_buffer_size=8))
+  firsts = []
+  try:
+    for batch in loader:
+      firsts.append(int(batch["x"][0]))
+    end = "StopIteration"
+  except Exception as e:
+    end = type(e).__name__
+  print(records, length, worker_count, end, firsts)
+
+
+def main():
+  run(50, 1000, [grain.Batch(4, drop_remainder=True)])
+  run(50, 10_000_000_000, [grain.Batch(4, drop_remainder=True)])
+  run(50, 1000, [grain.Batch(4, drop_remainder=True)], worker_count=1)
+  run(10_000, 50, [FailOn30(), grain.Batch(4, drop_remainder=True)])
+
+
+if __name__ == "__main__":
+  from absl import flags
+  flags.FLAGS.mark_as_parsed()
+  main()
+"""
+
+
 @pytest.mark.parametrize("name", ["NONE_ELEMENTS", "SAMPLER_SUBCLASS", "SAMPLER_PRIVATE_FIELDS", "PREFETCH_STATE_COPY", "TFDS_MOCK", "INFINITE_SLICES",
-                                  "DOCSTRING_EXAMPLES"])
+                                  "DOCSTRING_EXAMPLES", "STREAMING_SOURCE"])
 def test_client_script_prints_the_same(name, tmp_path):
   porting.assert_prints_the_same(globals()[name], tmp_path)
