@@ -162,6 +162,15 @@ def one_line(stderr: str) -> str:
   return lines[0]
 
 
+def fill(folder: str, size: int = 1 << 20) -> None:
+  """Takes the free space of a small filesystem with a file named `filler` (up to `size` bytes)."""
+  with open(os.path.join(folder, "filler"), "wb") as f:
+    try:
+      f.write(b"x" * size)
+    except OSError:
+      pass
+
+
 @contextlib.contextmanager
 def tmpfs(path: str, size: str, read_only: bool = False, inodes: int | None = None) -> Iterator[str]:
   """A real tmpfs of `size` (e.g. '600k') mounted at `path`; unmounted afterwards.

@@ -90,11 +90,7 @@ def test_a_full_filesystem_is_refused_leaving_no_folder_or_lock(tmp_path, small,
   inp, _ = small
   mount = str(tmp_path / "full")
   with ft.tmpfs(mount, "64k"):
-    with open(os.path.join(mount, "filler"), "wb") as f:  # Take all the space.
-      try:
-        f.write(b"x" * (128 << 10))
-      except OSError:
-        pass
+    ft.fill(mount)
     out = os.path.join(mount, "o")
     assert convert.main(args(inp, out)) == 2
     line = error_line(capsys)

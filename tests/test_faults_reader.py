@@ -191,11 +191,7 @@ def test_saving_a_state_on_a_full_disk_names_the_path_and_keeps_the_old_one(tmp_
   with ft.tmpfs(where, "8k"):
     path = os.path.join(where, "state.json")
     old = loader.save_state(path, it)
-    with open(os.path.join(where, "filler"), "wb") as f:  # Take the rest of the space.
-      try:
-        f.write(b"x" * (64 << 10))
-      except OSError:
-        pass
+    ft.fill(where)
     next(it)
     with pytest.raises(OSError, match=r"No space left on device: cannot save the iterator state to .*state.json; "
                                       r"the file is unchanged"):
@@ -209,11 +205,7 @@ def test_a_save_that_fails_removes_the_folders_it_made(tmp_path):
   next(it)
   where = str(tmp_path / "ckpt")
   with ft.tmpfs(where, "4k"):
-    with open(os.path.join(where, "filler"), "wb") as f:  # Take all the space.
-      try:
-        f.write(b"x" * (64 << 10))
-      except OSError:
-        pass
+    ft.fill(where)
     with pytest.raises(OSError, match=r"cannot save the iterator state to .*a/b/state.json; the file was not "
                                       r"created. Free space there or save elsewhere"):
       loader.save_state(os.path.join(where, "a", "b", "state.json"), it)
