@@ -90,3 +90,19 @@ def test_a_failed_input_batch_is_consumed_and_rebatching_goes_on_after_it():
   restored = iter(experimental.RebatchIterDataset(ds, 6))
   restored.set_state(state)
   assert [b.tolist() for b in restored] == [list(range(16, 20))]
+
+
+def test_an_element_of_another_structure_raises_as_in_grain_instead_of_ending_the_stream():
+
+  def run(lib):
+    elements = [[np.array([1, 1]), np.array([2, 2]), np.array([3, 3])], [np.array([4, 4]), np.array([5, 5])],
+                [np.array([6, 6]), np.array([7, 7]), np.array([8, 8])]]
+    it = iter(lib.experimental.RebatchIterDataset(lib.MapDataset.source(elements).to_iter_dataset(), 2))
+    out = [[a.tolist() for a in next(it)]]
+    with pytest.raises(ValueError, match=r"Too few leaves for PyTreeDef; expected 3, got 2"):
+      next(it)
+    return out, [[a.tolist() for a in b] for b in it]
+
+  ours, theirs = run(loader), run(grain)
+  assert ours == theirs
+  assert ours == ([[[1, 1], [2, 2], [3, 3]]], [[[6, 6], [7, 7], [8, 8]]])

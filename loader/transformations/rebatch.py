@@ -92,6 +92,7 @@ class _RebatchIterator(iter_lib.DatasetIterator):
     self._batch_size = batch_size
     self._drop_remainder = drop_remainder
     self._structure: Any = None  # Of the first input, as Grain caches its treedef.
+    self._num_leaves = 0
     # Read outside get_state, the parent's state comes stamped with its pipeline
     # description (loader.state); nested in ours, only the position is kept.
     self._parent_state = state_lib.strip(parent.get_state())  # Before the input batch being cut.
@@ -121,7 +122,15 @@ class _RebatchIterator(iter_lib.DatasetIterator):
     if rows <= 0:
       raise ValueError(f"RebatchIterDataset needs batched elements with a leading dimension >= 1 (got {x!r:.200}).")
     if self._structure is None:
-      self._structure = x
+      self._structure, self._num_leaves = x, len(leaves)
+    elif len(leaves) != self._num_leaves:
+      self._parent_state = state_lib.strip(self._parent.get_state())  # Consumed, as a failed element.
+      if self._partial is not None and not self._partial[1]:
+        self._partial = None
+      # Grain's words (its treedef's unflatten): later rows would not fit the first element's structure.
+      raise ValueError(f"Too {'few' if len(leaves) < self._num_leaves else 'many'} leaves for PyTreeDef; expected "
+                       f"{self._num_leaves}, got {len(leaves)}. RebatchIterDataset needs every element to have the "
+                       f"structure of the first (got {x!r:.200}).")
     self._leaves, self._rows = leaves, rows
     return True
 
