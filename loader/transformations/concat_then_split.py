@@ -159,6 +159,8 @@ class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
   """
 
   _REANCHOR_AFTER = 16
+  # Grain's layout: its "parent_state" is a position with nothing to skip.
+  _grain_state_keys = ("parent_state", "remainder_slices", "elements_from_buffer_after_checkpoint")
 
   def __init__(self, parent: iter_dataset.DatasetIterator, config: _Config):
     super().__init__(parent)
@@ -187,6 +189,9 @@ class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
 
   def set_state(self, state: dict[str, Any]) -> None:
     owner = "ConcatThenSplitIterDataset"
+    if isinstance(state, dict) and set(state) == set(self._grain_state_keys):
+      state = {**state, "parent": state["parent_state"], "skip": 0}
+      del state["parent_state"]
     state_lib.check_keys(state, ("parent", "skip", "remainder_slices", "elements_from_buffer_after_checkpoint"),
                          owner)
     slices = state["remainder_slices"]
@@ -361,6 +366,8 @@ class ConcatThenSplitIterDataset(iter_dataset.SequentialIterDataset):
   padding) and `k_positions` (position within the original element), except
   for meta features, which get only `k`.
   """
+
+  _same_as_grain = True  # Grain's packed examples, value for value.
 
   def __init__(
       self,

@@ -72,7 +72,12 @@ class _PackIterator(iter_dataset.DatasetIterator):
     return {"parent": anchor, "skip": skip, "next_row": self._next_row,
             "counter": self._rows_before + self._next_row}
 
+  # Grain's layout: its "parent" is where the window being emitted starts, with nothing to skip.
+  _grain_state_keys = ("parent", "next_row", "counter")
+
   def set_state(self, state: dict[str, Any]) -> None:
+    if isinstance(state, dict) and set(state) == set(self._grain_state_keys):
+      state = {**state, "skip": 0}
     state_lib.check_keys(state, ("parent", "skip", "next_row", "counter"), self._owner)
     skip = checks.check_int(state["skip"], "skip", minimum=0)
     next_row = checks.check_int(state["next_row"], "next_row", minimum=0)
