@@ -69,6 +69,13 @@ class Duplicate(grain.experimental.FlatMapTransform):
     return [x] * (int(x["id"]) % 3)
 
 
+class SplitPastFanOut(grain.experimental.FlatMapTransform):
+  max_fan_out = 1  # Grain's DataLoader does not enforce it: parts' indices run into the next record's.
+
+  def flat_map(self, x):
+    return [x, {**x, "x": x["x"] + 1}]
+
+
 class SumBatch(gp.MapTransform):
 
   def map(self, batch):
@@ -121,6 +128,7 @@ CONFIGS = {
     "loader_sharded_only": dict(n=11, shard=(1, 3, False), sampler_shard=False, ops=lambda g: [g.Batch(2)]),
     "sequential_sampler": dict(n=11, shard=(1, 3, True), sampler="sequential", ops=lambda g: [Jitter()]),
     "flat_map": dict(ops=lambda g: [Jitter(), Duplicate(), g.Batch(2)]),
+    "flat_map_past_its_max_fan_out": dict(ops=lambda g: [Jitter(), SplitPastFanOut(), g.Batch(3)]),
     "legacy_operations": dict(ops=lambda g: [
         g.MapOperation(lambda x: {**x, "x": x["x"] * 2}),
         g.FilterOperation(lambda x: int(x["id"]) % 4 != 1),
