@@ -236,8 +236,9 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
           f"{type(self).__name__}.set_state expects the dict returned by get_state() "
           f"(got {type(state).__name__}: {state!r:.200}).")
     # Iterators whose state layout is Grain's name its keys (default: MapDatasetIterator's).
+    # Below a user's own iterator the layout is the user's: its set_state checks it, as in Grain.
     grain_keys = getattr(self, "_grain_state_keys", ("next_index",))
-    if set(state) != set(grain_keys):
+    if set(state) != set(grain_keys) and not state_lib.has_user_iterator(ds):
       keys = sorted(state) if isinstance(state, dict) else type(state).__name__
       raise state_lib.mismatch(state, grain_keys,
           f"{type(self).__name__}.set_state: this state (keys {keys}) has no pipeline description (written by "

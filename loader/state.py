@@ -108,11 +108,26 @@ def _default_op(ds: Any) -> str:
   return type(ds).__name__
 
 
+def _user_defined(ds: Any) -> bool:
+  return not type(ds).__module__.startswith("loader.")
+
+
 def same_as_grain(ds: Any) -> bool:
-  """True if every operation of `ds` yields Grain's exact stream for the same input."""
-  if not getattr(ds, "_same_as_grain", False):
+  """True if every operation of `ds` yields Grain's exact stream for the same input.
+
+  A user's own dataset class computes its elements itself, on either library.
+  """
+  if not (getattr(ds, "_same_as_grain", False) or _user_defined(ds)):
     return False
   return all(same_as_grain(p) for p in (getattr(ds, "parents", ()) or ()))
+
+
+def has_user_iterator(ds: Any) -> bool:
+  """Whether a user's own IterDataset class (whose iterator's state layout is its own) is in `ds`'s pipeline."""
+  from loader import iter_dataset  # pylint: disable=g-import-not-at-top  # It imports this module.
+  if isinstance(ds, iter_dataset.IterDataset) and _user_defined(ds):
+    return True
+  return any(has_user_iterator(p) for p in (getattr(ds, "parents", ()) or ()))
 
 
 def is_stamped(state: Any) -> bool:

@@ -743,3 +743,48 @@ only_second = list(ds.seed(2).random_map(lambda x, rng: (x, int(rng.integers(100
 """)
   assert plain(l.drawn) == plain(g.drawn)
   assert plain(l.only_second) == plain(g.only_second)
+
+
+def test_a_users_own_iterator_state_is_set_as_in_grain():
+  # Grain's prefetch_test.test_parent_dataset_modifies_state: a custom iterator's own state layout,
+  # written by hand or saved by Grain, is the iterator's to read, plain or below loader's stages.
+  g, l = porting.run_both("""
+import grain.python as grain
+
+class CountIt(grain.DatasetIterator):
+  def __init__(self):
+    super().__init__()
+    self.i = 0
+  def __next__(self):
+    self.i += 1
+    return self.i
+  def get_state(self):
+    return {"i": self.i}
+  def set_state(self, state):
+    self.i = state["i"]
+
+class CountDs(grain.IterDataset):
+  def __iter__(self):
+    return CountIt()
+
+class Doubled(grain.MapDataset):
+  def __init__(self, parent):
+    super().__init__(parent)
+  def __len__(self):
+    return len(self._parent)
+  def __getitem__(self, index):
+    return 2 * self._parent[index]
+
+results = {}
+for name, wrap in [("plain", lambda d: d),
+                   ("thread_prefetch", lambda d: grain.experimental.ThreadPrefetchIterDataset(d, prefetch_buffer_size=1)),
+                   ("map", lambda d: d.map(lambda x: x * 10))]:
+  it = iter(wrap(CountDs()))
+  it.set_state({"i": 5})
+  results[name] = [next(it), next(it)]
+it = iter(Doubled(grain.MapDataset.range(10)).to_iter_dataset())
+it.set_state({"next_index": 4})  # As Grain saves it.
+results["custom MapDataset"] = list(it)
+""")
+  assert l.results == g.results == {"plain": [6, 7], "thread_prefetch": [6, 7], "map": [60, 70],
+                                    "custom MapDataset": [8, 10, 12, 14, 16, 18]}
