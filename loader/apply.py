@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 # Checked in this order, as Grain does: an object defining several of these
-# methods is treated as the first match.
-_METHODS = ("map", "random_map", "np_random_map", "filter", "map_with_index", "flat_map")
+# methods is treated as the first match. (A TfRandomMap's `np_random_map` is
+# the DataLoader's only: Grain's `apply` refuses it too.)
+_METHODS = ("map", "random_map", "filter", "map_with_index", "flat_map")
 
 
 class UnsupportedTransformError(TypeError, NotImplementedError):
@@ -48,7 +49,7 @@ def _apply_one(ds: Any, t: Any) -> Any:
       continue
     if method == "map":
       return ds.map(fn)
-    if method in ("random_map", "np_random_map"):
+    if method == "random_map":
       return ds.random_map(fn)
     if method == "filter":
       return ds.filter(fn)

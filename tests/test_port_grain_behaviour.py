@@ -20,6 +20,7 @@ reads with 0 workers (its test's data gives both the same batches).
 
 from __future__ import annotations
 
+import importlib
 import pathlib
 
 import numpy as np
@@ -788,3 +789,16 @@ results["custom MapDataset"] = list(it)
 """)
   assert l.results == g.results == {"plain": [6, 7], "thread_prefetch": [6, 7], "map": [60, 70],
                                     "custom MapDataset": [8, 10, 12, 14, 16, 18]}
+
+
+@pytest.mark.parametrize("lib", ["grain", "loader"])
+def test_apply_refuses_a_tf_random_map_as_grain_does(lib):
+  g = importlib.import_module(lib)
+
+  class AddNoise(g.transforms.TfRandomMap):
+
+    def np_random_map(self, x, rng):
+      return x + rng.integers(10)
+
+  with pytest.raises(NotImplementedError):
+    g.experimental.apply_transformations(g.MapDataset.range(3).seed(1), AddNoise())
