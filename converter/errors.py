@@ -205,7 +205,8 @@ def _write_fix(reason: str, path: str | None = None) -> str:
            errno.EACCES: "fix the output folder's permissions",
            errno.EPERM: "fix the output folder's permissions (or its immutable attribute: `lsattr`)",
            errno.EROFS: "write to a filesystem mounted read-write",
-           errno.EIO: "check the disk (an I/O error)"}
+           errno.EIO: "check the disk (an I/O error)",
+           errno.ENOENT: "put the output folder back (or convert into a new --output)"}
   return fixes.get(int(code) if code.isdigit() else None, "fix the cause (free space, permissions)")
 
 

@@ -107,7 +107,7 @@ class _ConvertShardFn(beam.DoFn):
     start = time.monotonic()
     try:
       with _writer.ArrayRecordShardWriter(plan.output, opts.writer_options,
-                                          expect=plan.replaces) as w:
+                                          expect=plan.replaces, root=opts.output_dir) as w:
         _manifest.write_digested(reader, w.write, digest)
         _check_unchanged(reader)  # Before publishing: records and sizes of one file.
         bytes_out = w.commit()

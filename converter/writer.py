@@ -141,13 +141,24 @@ def _silent_delete(path: str) -> None:
     pass  # Best effort: a hidden temp object never shadows a final name.
 
 
-def local_temp_path(final_path: str) -> str:
-  """A local path to write to before publish(): beside the final file if local."""
+def local_temp_path(final_path: str, root: str | None = None) -> str:
+  """A local path to write to before publish(): beside the final file if local.
+
+  With `root` (the run's output folder), its subfolders are created as
+  needed, but not `root` itself: gone, it was moved or deleted during the run.
+  """
   if is_local(final_path):
     parent = os.path.dirname(ondisk.local_abspath(final_path))
+    _check_root(root)
     os.makedirs(parent, exist_ok=True)
     return ondisk.temp_name(ondisk.local_abspath(final_path))
   return staging_file()
+
+
+def _check_root(root: str | None) -> None:
+  if root is not None and is_local(root) and not os.path.isdir(root):
+    raise FileNotFoundError(errno.ENOENT, f"the output folder {root} is gone (moved or deleted while this run "
+                                          "wrote it?)", root)
 
 
 # Local copies of remote files: `arrayrecord-<pid>-<random>.tmp` in $TMPDIR, so
@@ -238,8 +249,9 @@ class ArrayRecordShardWriter:
   raises OutputWriteError naming the final file and the OS error.
   """
 
-  def __init__(self, final_path: str, writer_options: str, expect: Any = REPLACE_ANY):
+  def __init__(self, final_path: str, writer_options: str, expect: Any = REPLACE_ANY, root: str | None = None):
     self.final_path = final_path
+    self.root = root  # The run's output folder: never re-created (see local_temp_path).
     self.writer_options = writer_options
     self.expect = expect
     self._tmp: str | None = None
@@ -249,7 +261,7 @@ class ArrayRecordShardWriter:
   def __enter__(self) -> ArrayRecordShardWriter:
     from array_record.python.array_record_module import ArrayRecordWriter
     try:
-      self._tmp = local_temp_path(self.final_path)
+      self._tmp = local_temp_path(self.final_path, self.root)
       self._writer = ArrayRecordWriter(self._tmp, self.writer_options)
     except (OSError, RuntimeError) as e:
       self._remove_tmp()
@@ -263,6 +275,7 @@ class ArrayRecordShardWriter:
     try:
       writer.close()
       self.bytes_out = os.path.getsize(self._tmp)
+      _check_root(self.root)
       publish(self._tmp, self.final_path, self.expect)
     except (OSError, RuntimeError) as e:
       raise OutputWriteError(self.final_path, os_reason(e)) from e

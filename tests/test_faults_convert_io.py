@@ -579,3 +579,20 @@ def test_local_abspath_resolves_the_folder_of_a_dotdot_path_not_its_last_name(tm
   assert ondisk.local_abspath(str(tmp_path / "link" / ".." / "state.json")) == str(tmp_path / "real" / "state.json")
   assert ondisk.local_abspath(str(tmp_path / "link" / "..")) == str(tmp_path / "real")
   assert ondisk.local_abspath(str(tmp_path / "link" / "x")) == str(tmp_path / "link" / "x")  # No '..': as abspath.
+
+
+def test_an_output_folder_gone_mid_run_is_not_created_again(tmp_path):
+  from converter import writer
+  from converter.errors import OutputWriteError
+  root = tmp_path / "out"  # Moved away after planning (mv out out.old): the next shard must not re-create it.
+  with pytest.raises(OutputWriteError, match=r"the output folder .*/out is gone \(moved or deleted while this run "
+                                             r"wrote it\?\).*put the output folder back"):
+    with writer.ArrayRecordShardWriter(str(root / "sub" / "x.array_record"), "group_size:1", root=str(root)) as w:
+      w.write(b"x")
+      w.commit()
+  assert not root.exists()
+  root.mkdir()
+  with writer.ArrayRecordShardWriter(str(root / "sub" / "x.array_record"), "group_size:1", root=str(root)) as w:
+    w.write(b"x")
+    w.commit()
+  assert os.listdir(root / "sub") == ["x.array_record"]
