@@ -549,6 +549,13 @@ def make_producer(ds: map_dataset_lib.MapDataset, read_options: Any) -> ChunkPro
   return SyncChunkProducer(ds, read_options.chunk_size)
 
 
+def _safe_repr(ds: Any) -> str:
+  try:
+    return repr(ds)
+  except Exception:  # pylint: disable=broad-except  # A user source's repr must not replace the error.
+    return type(ds).__name__
+
+
 class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
   """Iterates a MapDataset chunk by chunk; state is {"next_index": k}.
 
@@ -600,8 +607,8 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
           failed = 0 if isinstance(error, dataset_options.FilterRatioError) else 1
           if failed and isinstance(self._producer, (ThreadChunkProducer, SyncChunkProducer)):
             # Workers note theirs (mp_prefetch); a user's map says nothing of where it was.
-            error.add_note(f"Raised while computing element {self._buffer_start + self._pos} of {self._ds!r}; "
-                           "the stream goes on after it.")
+            error.add_note(f"Raised while computing element {self._buffer_start + self._pos} of "
+                           f"{_safe_repr(self._ds)}; the stream goes on after it.")
           self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
           self._buffer, self._pos = [], 0
           self._producer.reset(self._buffer_start)

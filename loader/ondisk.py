@@ -686,6 +686,8 @@ class DirLock:
         raise LockPathError(f"{self.path} is a folder, not this tool's lock file; move it away and rerun.") from None
       raise
     st = os.fstat(fd)
+    if st.st_nlink == 0 and stat.S_ISREG(st.st_mode):
+      return fd  # Removed meanwhile by its holder's release: acquire() sees the inode change and opens again.
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
       os.close(fd)
       what = "a hard link to another file" if stat.S_ISREG(st.st_mode) else "not a regular file"

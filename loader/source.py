@@ -11,6 +11,7 @@ read amortises it (and releases the GIL).
 from __future__ import annotations
 
 import collections
+import copy
 import concurrent.futures
 import contextlib
 import errno
@@ -388,6 +389,25 @@ def _batched_read() -> Iterator[None]:
 
 
 _reads_log = threading.local()
+
+
+def ignores_index(source: Any) -> bool:
+  """Whether a source's `__getitem__` never reads its index: it streams (returns the next record).
+
+  As MaxText's and maxdiffusion's HFDataSource do. Told from the method's
+  bytecode; a method it cannot read (C, *args) counts as reading by index.
+  """
+  import dis  # pylint: disable=g-import-not-at-top  # Only for user sources without batched reads.
+  code = getattr(getattr(type(source), "__getitem__", None), "__code__", None)
+  if code is None or code.co_argcount < 2 or code.co_flags & 0x0C:  # CO_VARARGS | CO_VARKEYWORDS
+    return False
+  name = code.co_varnames[1]
+  if name in code.co_cellvars or {"locals", "vars"} & set(code.co_names):
+    return False  # Read by a nested function, or possibly through locals().
+  for ins in dis.get_instructions(code):
+    if "FAST" in ins.opname and (ins.argval == name or (isinstance(ins.argval, tuple) and name in ins.argval)):
+      return False
+  return True
 
 
 @contextlib.contextmanager
@@ -793,8 +813,11 @@ class BatchedSource:
     cls = type(source)
     self._objects = (isinstance(source, ArrayRecordSource) and cls.read is ArrayRecordSource.read
                      and cls.__getitem__ is ArrayRecordSource.__getitem__)
-    # (key, element) pairs read before a read by index failed (see read).
-    # Per reading thread: the engine may compute slices of a chunk side by side.
+    # A source whose __getitem__ ignores its index streams: it cannot read a
+    # record again, so the records of a failed try are kept (see read).
+    self._streams = self._batched is None and ignores_index(source)
+    # (key, record) pairs kept from a failed try, per reading thread: the
+    # engine may compute slices of a chunk side by side.
     self._read_before_failure = threading.local()
 
   def __len__(self) -> int:
@@ -840,11 +863,11 @@ class BatchedSource:
           if self._batched != "__getitems__":
             raise
           self._batched_works = False
+    if not self._streams:
+      return [src[i] for i in keys]  # A retry reads again: the same records, fresh.
     kept = self._kept()
     log = getattr(_reads_log, "current", None)
-    if not kept and (log is None or self.reads_by_index):
-      return [src[i] for i in keys]
-    noted = log.setdefault(self, []) if log is not None and not self.reads_by_index else None
+    noted = log.setdefault(self, []) if log is not None else None
     out = []
     for i in keys:
       if kept and kept[0][0] == i:
@@ -852,9 +875,10 @@ class BatchedSource:
       else:
         kept.clear()
         record = src[i]
-      out.append(record)
       if noted is not None:
-        noted.append((i, record))
+        # A map that sets a key of its input (d["x"] = ...) must not see its own output on the retry.
+        noted.append((i, copy.copy(record) if isinstance(record, (dict, list)) else record))
+      out.append(record)
     return out
 
   def _kept(self) -> collections.deque[tuple[int, Any]]:

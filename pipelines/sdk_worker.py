@@ -37,6 +37,8 @@ def die_with_parent(launcher: int) -> None:
 def main(argv: Sequence[str]) -> None:
   """argv: [program, launcher pid, Beam's worker main module]."""
   die_with_parent(int(argv[1]))
+  # Started with these blocked (until it had its own session, see workers.py); a `kill` still ends it.
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
   importlib.import_module(argv[2]).main(list(argv[:1]))
 
 

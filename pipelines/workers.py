@@ -250,8 +250,8 @@ class _WorkerSpawner:
       kwargs["pass_fds"] = tuple(self.keep_fds)
     # Until the child has its own session it is in our process group, so a
     # group Ctrl-C (killpg) could reach it: blocked here, the child inherits
-    # the block (a worker ignores these anyway; stop() kills it), and we get
-    # them once unblocked.
+    # the block (pipelines.sdk_worker lifts it once in its own session), and
+    # we get them once unblocked.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
     try:
       proc = self._real.Popen(args, **kwargs)

@@ -346,3 +346,27 @@ def test_hand_edited_manifests_are_refused_in_one_line(tmp_path, edit, message):
   (tmp_path / "manifest.json").write_text(json.dumps(manifest))
   with pytest.raises(ValueError, match=message):
     loader.ArrayRecordSource(str(tmp_path))
+
+
+def test_a_source_that_ignores_its_index_is_told_to_stream():
+  from loader import source as source_lib
+
+  class Streams:
+    def __getitem__(self, index):
+      return next(self.it)
+
+  class ByIndex:
+    def __getitem__(self, index):
+      return self.data[index]
+
+  class ByIndexInAClosure:
+    def __getitem__(self, index):
+      return (lambda: index)()
+
+  class Varargs:
+    def __getitem__(self, *args):
+      return 0
+
+  assert source_lib.ignores_index(Streams())
+  for other in (ByIndex(), ByIndexInAClosure(), Varargs(), [1, 2], range(3)):
+    assert not source_lib.ignores_index(other)

@@ -363,11 +363,54 @@ def run(records, length, operations, worker_count=0):
   print(records, length, worker_count, end, firsts)
 
 
+class IndexSource(grain.RandomAccessDataSource):
+
+  def __len__(self):
+    return 40
+
+  def __getitem__(self, index):
+    return {"x": np.int64(index)}
+
+
+class TimesTenInPlace(grain.MapTransform):  # Sets a key of its input: applied twice, it would show.
+
+  def map(self, element):
+    element["x"] = element["x"] * 10
+    return element
+
+
+def run_mutating(source):
+  loader = grain.DataLoader(
+      data_source=source, operations=[TimesTenInPlace(), FailOn300()], worker_count=0,
+      read_options=grain.ReadOptions(num_threads=1, prefetch_buffer_size=8),  # A stream is read in order then.
+      sampler=grain.IndexSampler(num_records=40, num_epochs=1, shard_options=grain.NoSharding(), shuffle=False,
+                                 seed=0))
+  out, it = [], iter(loader)
+  while True:
+    try:
+      out.append(int(next(it)["x"]))
+    except StopIteration:
+      break
+    except KeyError:
+      out.append("KeyError")
+  print(type(source).__name__, out)
+
+
+class FailOn300(grain.MapTransform):
+
+  def map(self, element):
+    if int(element["x"]) == 300:
+      raise KeyError("bad record 30")
+    return element
+
+
 def main():
   run(50, 1000, [grain.Batch(4, drop_remainder=True)])
   run(50, 10_000_000_000, [grain.Batch(4, drop_remainder=True)])
   run(50, 1000, [grain.Batch(4, drop_remainder=True)], worker_count=1)
   run(10_000, 50, [FailOn30(), grain.Batch(4, drop_remainder=True)])
+  run_mutating(StreamSource(40, 40))
+  run_mutating(IndexSource())
 
 
 if __name__ == "__main__":
