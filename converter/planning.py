@@ -362,7 +362,10 @@ def _rewritten_since(path: str, output: str, entry: dict[str, Any] | None) -> bo
       isinstance(before, str) and _real(before) != _real(path)):
     return False  # A copy or a move of the recorded input is judged by _same_input.
   try:
-    return os.stat(path).st_mtime_ns > os.stat(output).st_mtime_ns
+    st = os.stat(path)
+    # The inode change time too: `cp -p`, `rsync -a` and `tar x` set the old
+    # modification time on new content, but cannot set that one back.
+    return max(st.st_mtime_ns, st.st_ctime_ns) > os.stat(output).st_mtime_ns
   except OSError:
     return False
 

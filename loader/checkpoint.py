@@ -76,18 +76,23 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
     # The temp name records this process, so a save killed midway (kill -9)
     # leaves a file the next save recognises as nobody's and removes.
     ondisk.remove_stale_temps_of(path)
-    tmp = ondisk.temp_name(ondisk.local_abspath(path))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
   except OSError as e:
     ondisk.remove_empty_dirs(created)
     raise _save_error(e, path) from e
+  tmp = ondisk.temp_name(ondisk.local_abspath(path))
+  fd = None
   try:
+    # Opened inside the `try`: a Ctrl-C right after it still removes the temp and closes the file.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     with os.fdopen(fd, "w") as f:
+      fd = None  # The file object closes it from here.
       f.write(data)
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException as e:
+    if fd is not None:
+      os.close(fd)
     try:
       os.unlink(tmp)
     except FileNotFoundError:
@@ -246,7 +251,19 @@ async def background_save(directory: Any, state: str) -> None:
   """Writes `state` to this process's file once Orbax has created `directory`."""
   import asyncio  # pylint: disable=g-import-not-at-top  # Only Orbax users pay its ~30 ms import.
   directory = await directory.await_creation()
-  await asyncio.to_thread(_process_file(directory).write_text, state)
+  await asyncio.to_thread(_write_process_file, _process_file(directory), state)
+
+
+def _write_process_file(path: Any, text: str) -> None:
+  """Writes this process's state file in an Orbax checkpoint folder; a failure names it and leaves no part."""
+  try:
+    path.write_text(text)
+  except OSError as e:
+    try:
+      path.unlink()
+    except OSError:
+      pass
+    raise _save_error(e, str(path)) from e
 
 
 async def background_load(directory: Any, set_state_fn: Callable[[str], None]) -> None:
@@ -302,7 +319,7 @@ class CheckpointHandler:
   def save(self, directory: Any, item: Any = None, args: Any = None) -> None:
     """Writes `item`'s (or `args.item`'s) state to this process's file in `directory`."""
     item = item if item is not None else args.item
-    _process_file(directory).write_text(state_text(item))
+    _write_process_file(_process_file(directory), state_text(item))
 
   def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:
     """Sets `item` (or `args.item`) to the state saved in `directory`; returns it."""

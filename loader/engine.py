@@ -689,8 +689,16 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
       raise error(
           f"{type(self).__name__}.{what}: next_index must be an integer in "
           f"[0, {self._len}] for this dataset (got {k!r}); was the state saved from another dataset?")
+    here = self._buffer_start + self._pos
+    try:
+      self._producer.reset(int(k))
+    except BaseException:
+      # A Ctrl-C in the middle (a restore interrupted): stay wholly at the old
+      # position, never reporting one and yielding from another.
+      self._buffer, self._buffer_start, self._pos = [], here, 0
+      self._producer.reset(here)
+      raise
     self._buffer, self._buffer_start, self._pos, self._error = [], int(k), 0, None
-    self._producer.reset(int(k))
 
   # Grain's experimental get_next_index / set_next_index: the position of the
   # next element (loader's unit: an element of the folded MapDataset, so a

@@ -707,8 +707,8 @@ class DirLock:
       os.remove(self.path)  # Under the lock, so nobody else is holding it.
     except FileNotFoundError:
       pass
-    os.close(self._fd)  # Drops the flock.
-    self._fd = None
+    fd, self._fd = self._fd, None  # Forgotten first: a Ctrl-C here must not let __del__ close it twice.
+    os.close(fd)  # Drops the flock.
 
   def __enter__(self) -> DirLock:
     return self.acquire()

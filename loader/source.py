@@ -256,7 +256,8 @@ def _read_manifest(directory: str) -> list[tuple[str, int]]:
     output = shard["output"]
     located = _locate_shard(directory, output, manifest)
     if not os.path.exists(located):
-      raise MissingFileError(f"{path} lists shard {output!r}, which is not at {located}.")
+      raise MissingFileError(f"{path} lists shard {output!r}, which is not at {located}: put it back, or convert "
+                             "its input again (arrayrecord-convert --skip-existing redoes only missing shards).")
     out.append((located, shard["records"]))
   return out
 

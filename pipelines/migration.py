@@ -8,6 +8,7 @@ crash of the reference match-shards pipeline on current Beam.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import apache_beam as beam
@@ -125,32 +126,58 @@ class _PublishShardsFn(beam.DoFn):
   temps go in the next run), and two runs never mix their shards.
   """
 
-  def __init__(self, overwrite: bool):
+  def __init__(self, prefix: str, num_shards: int, suffix: str, overwrite: bool):
+    self._prefix, self._num_shards, self._suffix = prefix, num_shards, suffix
     self._overwrite = overwrite
 
   def process(self, written: list[tuple[str, str | None]]):
     staged = sorted((final, tmp) for final, tmp in written if tmp is not None)
     if not staged:
+      yield from (final for final, _ in written)
       return
     folders = sorted({os.path.dirname(ondisk.local_abspath(final)) for final, _ in staged})
-    locks = []
+    locks, published = [], []
     try:
       for folder in folders:
         locks.append(ondisk.DirLock(folder).acquire())
-      present = [final for final, tmp in staged if os.path.exists(final) and os.path.exists(tmp)]
-      if present and not self._overwrite:
-        raise OutputExistsError(present, "appeared while re-sharding (another run wrote them)")
+      if not self._overwrite:
+        present = [final for final, tmp in staged if os.path.exists(final) and os.path.exists(tmp)]
+        if present:
+          raise OutputExistsError(present, "appeared while re-sharding (another run wrote them)")
+        _refuse_other_shard_counts(self._prefix, self._num_shards, self._suffix)
+      # No yield until all are renamed: the window in which a kill leaves part of the set is the renames'.
       for final, tmp in staged:
         if os.path.exists(tmp):  # Gone: a retry of this step published it already.
           ondisk.publish_local(tmp, final, _writer.REPLACE_ANY)
-        yield final
+          published.append(final)
     except ondisk.LockedError as e:
       raise OutputLockedError(str(e)) from None
+    except BaseException:
+      for final in published:  # All or none: a set in part would read as the dataset.
+        _writer.remove(final)
+      raise
     finally:
       for lock in locks:
         lock.release()
       for _, tmp in staged:
         _writer.remove(tmp)
+    yield from (final for final, _ in written)
+
+
+def _refuse_other_shard_counts(prefix: str, num_shards: int, suffix: str) -> None:
+  """Refuses to add shards next to a set of another shard count under the same prefix (readers would mix them)."""
+  if not ondisk.is_local(prefix):
+    return
+  pattern = re.compile(re.escape(os.path.basename(prefix)) + r"-\d{5}-of-(\d{5})" + re.escape(suffix) + r"\Z")
+  folder = os.path.dirname(ondisk.local_abspath(prefix))
+  try:
+    names = os.listdir(folder)
+  except OSError:
+    return
+  others = sorted(os.path.join(folder, n) for n in names if (m := pattern.match(n)) and int(m.group(1)) != num_shards)
+  if others:
+    raise OutputExistsError(others, f"are shards of another shard count under the prefix {prefix}, which a reader "
+                                    f"of {prefix}-* would mix with these {num_shards}")
 
 
 class _ReshardPipeline(beam.Pipeline):
@@ -207,6 +234,7 @@ def convert_tf_to_arrayrecord_disk(
                if _writer.exists(o)]
     if present:
       raise OutputExistsError(present, "would be replaced by re-sharding")
+    _refuse_other_shard_counts(args["output"], num_shards, suffix)
   p = _ReshardPipeline(options=pipeline_options or build.pipeline_options([]))
   p.output_folder = os.path.dirname(ondisk.local_abspath(args["output"])) if ondisk.is_local(args["output"]) else None
   keyed = (p | "MatchInputs" >> MatchFiles(patterns)
@@ -218,5 +246,5 @@ def convert_tf_to_arrayrecord_disk(
        | "WriteShards" >> beam.ParDo(_WriteShardFn(
            args["output"], num_shards, suffix, options.writer_options, existing == "overwrite"))
        | "CollectShards" >> beam.combiners.ToList()
-       | "PublishShards" >> beam.ParDo(_PublishShardsFn(existing == "overwrite")))
+       | "PublishShards" >> beam.ParDo(_PublishShardsFn(args["output"], num_shards, suffix, existing == "overwrite")))
   return p

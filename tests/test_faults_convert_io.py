@@ -304,8 +304,8 @@ def test_outputs_that_would_take_each_others_or_the_manifests_place_are_refused_
     plan_shards([str(tmp_path / "manifest.tfrecord")], ConvertOptions(output_dir=str(out), suffix="json"))
 
 
-@pytest.mark.parametrize("second_mode", ["fail", "skip"])
-def test_skip_existing_redoes_a_shard_whose_input_was_repaired(tmp_path, capsys, ar_read, second_mode):
+@pytest.mark.parametrize("second_mode,old_mtime", [("fail", False), ("skip", False), ("skip", True)])
+def test_skip_existing_redoes_a_shard_whose_input_was_repaired(tmp_path, capsys, ar_read, second_mode, old_mtime):
   inp, out = tmp_path / "in", tmp_path / "out"
   recs = ft.make_dataset(str(inp), 2, 50, 100, seed=3)
   name = "ds.tfrecord-00001-of-00002"
@@ -316,7 +316,10 @@ def test_skip_existing_redoes_a_shard_whose_input_was_repaired(tmp_path, capsys,
   assert convert.main(args(inp, out, "--on-corrupt", "skip")) == 0
   assert len(ar_read(str(out / ft.out_name(name)))) == 49
   time.sleep(0.01)
+  before = os.stat(inp / name)
   (inp / name).write_bytes(good)  # Downloaded again: same size, same ends.
+  if old_mtime:  # As `cp -p`, `rsync -a` or `tar x` leave it.
+    os.utime(inp / name, ns=(before.st_atime_ns, before.st_mtime_ns))
   assert convert.main(args(inp, out, "--skip-existing", "--on-corrupt", second_mode)) == 0
   assert "kept 1 existing" in capsys.readouterr().out
   for n, records in recs.items():

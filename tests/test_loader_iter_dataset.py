@@ -459,3 +459,31 @@ def test_a_state_that_cannot_be_saved_names_the_checkpoint_not_a_temp_file(tmp_p
   assert str(e.value).startswith(f"[Errno 17] File exists: cannot save the iterator state to {target}; the file "
                                  "was not created. A part of its folder's path is a file: save elsewhere")
   assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_restore_interrupted_by_ctrl_c_leaves_the_iterator_wholly_where_it_was(monkeypatch, tmp_path):
+  from loader import engine
+  ds = loader.MapDataset.range(1000).shuffle(seed=3).batch(8).to_iter_dataset()
+  reference = [b.tolist() for b in ds]
+  it = iter(ds)
+  for _ in range(50):
+    next(it)
+  loader.save_state(str(tmp_path / "s.json"), it)
+  it = iter(ds)
+  for _ in range(3):
+    next(it)
+  real, calls = engine.ThreadChunkProducer.reset, []
+
+  def interrupted_once(self, start):
+    calls.append(start)
+    if len(calls) == 1:
+      raise KeyboardInterrupt  # The Ctrl-C, landing as the restore moves the producer.
+    return real(self, start)
+
+  monkeypatch.setattr(engine.ThreadChunkProducer, "reset", interrupted_once)
+  with pytest.raises(KeyboardInterrupt):
+    loader.restore_state(str(tmp_path / "s.json"), it)
+  assert it.get_state()["next_index"] == 3
+  assert [next(it).tolist() for _ in range(3)] == reference[3:6]
+  loader.restore_state(str(tmp_path / "s.json"), it)  # Restoring again works.
+  assert [b.tolist() for b in it] == reference[50:]

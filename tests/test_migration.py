@@ -190,3 +190,15 @@ def test_reshard_publishes_all_shards_or_none(tmp_path, tf_write, ar_read):
     with pytest.raises(Exception, match="No space left on device"):
       p.run().wait_until_finish()
     assert os.listdir(mount) == []
+
+
+def test_reshard_refuses_to_add_a_set_of_another_shard_count_under_the_same_prefix(tmp_path, tf_write, ar_read):
+  src = tf_write(str(tmp_path / "in" / "few.tfrecord"), [b"1", b"2", b"3"])
+  prefix = tmp_path / "out" / "s"
+  prefix.parent.mkdir()
+  args = {"input": src, "output": str(prefix)}
+  pipelines.convert_tf_to_arrayrecord_disk(num_shards=2, args=args, pipeline_options=PipelineOptions([])).run()
+  with pytest.raises(OutputExistsError, match=r"2 existing output file\(s\) are shards of another shard count under "
+                                              r"the prefix .*/s, which a reader of .*/s-\* would mix with these 3"):
+    pipelines.convert_tf_to_arrayrecord_disk(num_shards=3, args=args, pipeline_options=PipelineOptions([]))
+  assert sorted(os.listdir(prefix.parent)) == ["s-00000-of-00002.arrayrecord", "s-00001-of-00002.arrayrecord"]
