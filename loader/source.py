@@ -392,6 +392,13 @@ def _batched_read() -> Iterator[None]:
 _reads_log = threading.local()
 
 
+class _Raised:
+  """A streaming source's read that raised, kept in place of its record (see BatchedSource.read)."""
+
+  def __init__(self, error: Exception):
+    self.error = error
+
+
 def ignores_index(source: Any) -> bool:
   """Whether a source's `__getitem__` never reads its index: it streams (returns the next record).
 
@@ -873,9 +880,16 @@ class BatchedSource:
     for i in keys:
       if kept and kept[0][0] == i:
         record = kept.popleft()[1]
+        if isinstance(record, _Raised):
+          raise record.error  # Where the stream raised on the first try: the retry raises there too.
       else:
         kept.clear()
-        record = src[i]
+        try:
+          record = src[i]
+        except Exception as e:
+          if noted is not None:
+            noted.append((i, _Raised(e)))
+          raise
       if noted is not None:
         # A map that sets a key of its input (d["x"] = ...) must not see its own output on the retry.
         noted.append((i, copy.copy(record) if isinstance(record, (dict, list)) else record))

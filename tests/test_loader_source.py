@@ -370,3 +370,29 @@ def test_a_source_that_ignores_its_index_is_told_to_stream():
   assert source_lib.ignores_index(Streams())
   for other in (ByIndex(), ByIndexInAClosure(), Varargs(), [1, 2], range(3)):
     assert not source_lib.ignores_index(other)
+
+
+def test_a_streaming_source_that_raises_raises_at_the_same_place_on_the_retry():
+  class Stream:
+    def __init__(self):
+      self._it = iter(range(100))
+
+    def __len__(self):
+      return 12
+
+    def __getitem__(self, index):
+      j = next(self._it)
+      if j % 5 == 2:
+        raise IOError(f"stream {j}")
+      return j
+
+  it, out = iter(loader.MapDataset.source(Stream()).to_iter_dataset(loader.ReadOptions(num_threads=0))), []
+  while True:
+    try:
+      out.append(next(it))
+    except StopIteration:
+      break
+    except OSError as e:
+      out.append(str(e))
+  # As Grain's reads one by one: each failed read is an element that raises, the stream goes on after it.
+  assert out == [0, 1, "stream 2", 3, 4, 5, 6, "stream 7", 8, 9, 10, 11]
