@@ -16,7 +16,6 @@ after changing the import. Differences, both deliberate:
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 from loader.checks import check_int
 
@@ -70,11 +69,6 @@ class ReadOptions:
     check_int(self.num_threads, "num_threads", minimum=0)
     check_int(self.prefetch_buffer_size, "prefetch_buffer_size", minimum=0)
     _check_chunk_size(self.chunk_size)
-    if 0 < self.prefetch_buffer_size < self.num_threads:  # Grain warns too (0 turns prefetching off).
-      logging.getLogger("loader").warning(
-          "prefetch_buffer_size=%s is smaller than num_threads=%s: at most %s elements are computed ahead, so "
-          "fewer threads can work at once; set prefetch_buffer_size >= num_threads.",
-          self.prefetch_buffer_size, self.num_threads, self.prefetch_buffer_size)
 
   __setattr__ = _validated_setattr
 
