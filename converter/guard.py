@@ -115,7 +115,6 @@ class ConversionGuard:
     except ondisk.LockedError as e:
       raise OutputLockedError(str(e)) from None
     except ondisk.LockPathError as e:
-      ondisk.remove_empty_dirs(self._created)
       raise OutputError(f"Cannot lock the output directory {out}: {e}") from None
     except OSError as e:
       fix = ("free space there" if e.errno in (errno.ENOSPC, errno.EDQUOT)

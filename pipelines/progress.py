@@ -204,8 +204,8 @@ class Watcher:
           self._done.add(s.output)
           if entry[0]:
             self._ratio = s.size / entry[0]
-        elif temps.get(ondisk.temp_base(name)):
-          partial_in += min(s.size, temps[ondisk.temp_base(name)] * self._ratio)
+        elif written := temps.get(ondisk.temp_base(name)):
+          partial_in += min(s.size, written * self._ratio)
     done_bytes = sum(s.size for s in self._shards if s.output in self._done) + partial_in
     self.last = Snapshot(len(self._done), len(self._shards), done_bytes,
                          sum(s.size for s in self._shards), self._clock() - self._start)

@@ -104,6 +104,13 @@ class _RebatchIterator(iter_lib.DatasetIterator):
     # element; until then the state points at its start.
     self._partial: tuple[dict[str, Any], list[list[Any]]] | None = None
 
+  def _after_failed_input(self) -> None:
+    # The parent consumed the failed element (as in Grain): the next input
+    # batch starts after it.
+    self._parent_state = state_lib.strip(self._parent.get_state())
+    if self._partial is not None and not self._partial[1]:
+      self._partial = None  # No rows gathered yet: the state is simply after the failure.
+
   def _read(self) -> bool:
     """Loads the input batch at `_parent_state`; False at the end of the stream."""
     try:
@@ -111,11 +118,7 @@ class _RebatchIterator(iter_lib.DatasetIterator):
     except StopIteration:
       return False
     except Exception:
-      # The parent consumed the failed element (as in Grain): the next input
-      # batch starts after it.
-      self._parent_state = state_lib.strip(self._parent.get_state())
-      if self._partial is not None and not self._partial[1]:
-        self._partial = None  # No rows gathered yet: the state is simply after the failure.
+      self._after_failed_input()
       raise
     leaves = _flatten(x, [])
     rows = len(leaves[0]) if leaves else 0
@@ -124,9 +127,7 @@ class _RebatchIterator(iter_lib.DatasetIterator):
     if self._structure is None:
       self._structure, self._num_leaves = x, len(leaves)
     elif len(leaves) != self._num_leaves:
-      self._parent_state = state_lib.strip(self._parent.get_state())  # Consumed, as a failed element.
-      if self._partial is not None and not self._partial[1]:
-        self._partial = None
+      self._after_failed_input()
       # Grain's words (its treedef's unflatten): later rows would not fit the first element's structure.
       raise ValueError(f"Too {'few' if len(leaves) < self._num_leaves else 'many'} leaves for PyTreeDef; expected "
                        f"{self._num_leaves}, got {len(leaves)}. RebatchIterDataset needs every element to have the "
