@@ -257,6 +257,7 @@ class ArrayRecordShardWriter:
     self._tmp: str | None = None
     self._writer = None
     self.bytes_out = 0
+    self.staged: str | None = None  # The written temp file, after commit(publish=False).
 
   def __enter__(self) -> ArrayRecordShardWriter:
     from array_record.python.array_record_module import ArrayRecordWriter
@@ -269,17 +270,24 @@ class ArrayRecordShardWriter:
     self.write = self._writer.write
     return self
 
-  def commit(self) -> int:
-    """Closes the writer and publishes the file; returns its size in bytes."""
+  def commit(self, publish_file: bool = True) -> int:
+    """Closes the writer and publishes the file; returns its size in bytes.
+
+    With publish_file=False the complete file stays under its temp name
+    (`staged`), for the caller to publish with others as one set; it is then
+    the caller's to remove.
+    """
     writer, self._writer = self._writer, None
     try:
       writer.close()
       self.bytes_out = os.path.getsize(self._tmp)
       _check_root(self.root)
-      publish(self._tmp, self.final_path, self.expect)
+      if publish_file:
+        publish(self._tmp, self.final_path, self.expect)
     except (OSError, RuntimeError) as e:
       raise OutputWriteError(self.final_path, os_reason(e)) from e
-    self._tmp = None  # Only now: if publishing fails, __exit__ removes the temp file.
+    # Only now: if publishing fails, __exit__ removes the temp file.
+    self.staged, self._tmp = (None if publish_file else self._tmp), None
     return self.bytes_out
 
   def _remove_tmp(self) -> None:

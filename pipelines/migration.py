@@ -17,7 +17,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from converter import ConvertOptions, MatchFiles, OutputExistsError, TFRecordReader
-from converter.errors import OutputLockedError, OutputWriteError
+from converter.errors import OutputLockedError
 from converter import writer as _writer
 from loader import ondisk
 from pipelines import build
@@ -86,31 +86,16 @@ class _WriteShardFn(beam.DoFn):
   def process(self, keyed):
     shard, records = keyed
     path = _reshard_path(self._prefix, shard, self._num_shards, self._suffix)
-    if not ondisk.is_local(path):
-      # Objects cannot be published as a set: each is published when written.
-      expect = _writer.REPLACE_ANY if self._overwrite else None
-      with _writer.ArrayRecordShardWriter(path, self._writer_options, expect=expect) as w:
-        _write_all(w, records)
-        w.commit()
-      self.shards.inc()
-      yield path, None
-      return
-    ondisk.remove_stale_temps_of(path)  # Left by a killed (kill -9) run.
-    tmp = _writer.local_temp_path(path)
-    from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
-    try:
-      w = ArrayRecordWriter(tmp, self._writer_options)
-      try:
-        _write_all(w, records)
-      finally:
-        w.close()
-    except BaseException as e:
-      _writer.remove(tmp)
-      if isinstance(e, (OSError, RuntimeError)):
-        raise OutputWriteError(path, _writer.os_reason(e)) from e
-      raise
+    # Objects cannot be published as a set: each is published when written.
+    local = ondisk.is_local(path)
+    if local:
+      ondisk.remove_stale_temps_of(path)  # Left by a killed (kill -9) run.
+    expect = _writer.REPLACE_ANY if self._overwrite else None
+    with _writer.ArrayRecordShardWriter(path, self._writer_options, expect=expect) as w:
+      _write_all(w, records)
+      w.commit(publish_file=not local)
     self.shards.inc()
-    yield path, tmp
+    yield path, w.staged
 
 
 def _write_all(writer: Any, records: Any) -> None:
