@@ -46,6 +46,7 @@ from loader import checkpoint as checkpoint_lib
 from loader import data_loader_pipeline as pipeline_lib
 from loader import iter_dataset
 from loader import map_dataset
+from loader import operations as ops_lib
 from loader import options as options_lib
 from loader import samplers as samplers_lib
 from loader import sharding
@@ -54,8 +55,11 @@ from loader import transforms
 
 _STATE_FORMAT = "arrayrecord-toolkit/DataLoader"
 # Version 2 states also carry Grain's keys ("version" is Grain's there);
-# version 1 states kept ours in "version".
-_STATE_VERSION = 2
+# version 1 states kept ours in "version". Version 3 counts the engine's
+# position in records, as Grain does (a batch may start at any record);
+# earlier versions counted folded batches.
+_STATE_VERSION = 3
+_V2_STATE_VERSION = 2
 _STATE_VERSION_KEY = "format_version"
 _V1_STATE_VERSION = 1
 _GRAIN_STATE_VERSION = 2
@@ -322,6 +326,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     del validate_state
     self._data_loader = data_loader
     self._iterator = iter(data_loader._pipeline.dataset)  # pylint: disable=protected-access
+    self._ended = False
     if state is not None:
       self.set_state(state)
 
@@ -329,7 +334,15 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     return self
 
   def __next__(self) -> Any:
-    return next(self._iterator)
+    if self._ended:
+      raise StopIteration
+    try:
+      return next(self._iterator)
+    except Exception as e:
+      # A legacy MapOperation/FilterOperation's error ends the stream, as
+      # Grain's generator does (other operations' errors consume the element).
+      self._ended = getattr(e, ops_lib.ENDS_STREAM, False) is True
+      raise
 
   def _consumed(self, dataset_state: Any) -> int | None:
     """Records of this shard consumed at `dataset_state`; None where Grain's keys cannot say it."""
@@ -338,7 +351,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     positions = _positions(dataset_state)
     if len(positions) != 1 or not loader._positions_translate():  # pylint: disable=protected-access
       return None
-    return min(positions[0] * pipeline.records_per_position, pipeline.num_positions)
+    return min(positions[0], pipeline.num_positions)
 
   def get_state(self) -> bytes:
     """The position as JSON bytes (write it to a file as is).
@@ -358,6 +371,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
   def set_state(self, state: bytes) -> None:
     """Moves to `state`: from this pipeline's `get_state()` (any worker count) or Grain's DataLoader."""
     state = _decode(state)
+    self._ended = False
     if state.get("format") == _STATE_FORMAT:
       self._set_own_state(state)
     elif set(state) == _GRAIN_STATE_KEYS:
@@ -370,15 +384,17 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
   def _set_own_state(self, state: dict[str, Any]) -> None:
     # Version 1 kept ours in "version", which is Grain's since version 2.
     version = state[_STATE_VERSION_KEY] if _STATE_VERSION_KEY in state else state.get("version")
-    if version not in (_STATE_VERSION, _V1_STATE_VERSION):
+    if version not in (_STATE_VERSION, _V2_STATE_VERSION, _V1_STATE_VERSION):
       raise ValueError(f"DataLoader state version {version!r} is not supported "
-                       f"(this loader reads versions {_V1_STATE_VERSION} and {_STATE_VERSION}).")
+                       f"(this loader reads versions {_V1_STATE_VERSION} to {_STATE_VERSION}).")
+    if version != _STATE_VERSION:
+      state = {**state, "dataset": self._in_records(state["dataset"])}
     source = self._data_loader._data_source  # pylint: disable=protected-access
     differ = [(key, mine) for key, mine in self._data_loader._fingerprint().items()  # pylint: disable=protected-access
               if state.get(key) != mine and not state_lib.same_but_for_source_identity(state.get(key), mine)
               and not (key == "data_source" and state.get(key) is not None
                        and state.get(key) == _repr_before_short_sources(source))]
-    if ([key for key, _ in differ] == ["operations"] and version == _STATE_VERSION and "last_seen_indices" in state
+    if ([key for key, _ in differ] == ["operations"] and version != _V1_STATE_VERSION and "last_seen_indices" in state
         and self._data_loader._positions_translate()):  # pylint: disable=protected-access
       # As Grain: other operations (another batch size, a new map) on the
       # same sampler and source resume after the same records.
@@ -388,7 +404,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
       key, mine = differ[0]
       raise ValueError(f"DataLoader state is for another pipeline: {key} {state.get(key)!r} != this "
                        f"DataLoader's {mine!r}.")
-    if version == _STATE_VERSION and "last_seen_indices" in state:
+    if version != _V1_STATE_VERSION and "last_seen_indices" in state:
       try:
         grain_keys = {k: state[k] for k in _GRAIN_POSITION_KEYS}
       except KeyError as e:
@@ -402,6 +418,20 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
         return
     self._iterator.set_state(state["dataset"])
 
+  def _in_records(self, dataset_state: Any) -> Any:
+    """A version 1 or 2 engine state (its position counted folded batches) counting records."""
+    pipeline = self._data_loader._pipeline  # pylint: disable=protected-access
+    positions = _positions(dataset_state)
+    per = pipeline.records_per_position
+    if per == 1 or len(positions) != 1 or not checks.is_int(positions[0]):
+      return dataset_state
+    state = _replace_position(dataset_state, min(positions[0] * per, pipeline.num_positions))[0]
+    saved = state.get(state_lib.PIPELINE_KEY)
+    if isinstance(saved, list) and "to_iter_dataset()" in saved:  # Its description then said so too.
+      at = saved.index("to_iter_dataset()")
+      state[state_lib.PIPELINE_KEY] = saved[:at] + [f"to_iter_dataset(unit={per})"] + saved[at + 1:]
+    return state
+
   def _set_grain_state(self, state: dict[str, Any]) -> None:
     loader = self._data_loader
     loader._check_grain_sources(state)  # pylint: disable=protected-access
@@ -410,12 +440,9 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
   def _set_position(self, k: int, what: str = "Grain state") -> None:
     """Moves to just after the first `k` records of this shard (read from a `what`)."""
     pipeline = self._data_loader._pipeline  # pylint: disable=protected-access
-    per, prefix_len = pipeline.records_per_position, pipeline.prefix_len
-    if k >= pipeline.num_positions:
-      position = prefix_len  # Grain had read everything.
-    elif k % per == 0:
-      position = k // per
-    else:
+    per = pipeline.records_per_position
+    position = min(k, pipeline.num_positions)
+    if position % per and position < pipeline.num_positions and not pipeline.realigns:
       raise ValueError(f"Cannot resume this {what} exactly: it stopped after {k} records, inside one of "
                        f"this DataLoader's batches of {per} records; resume with operations whose batch size "
                        f"divides {k}, or start the epoch over.")

@@ -28,6 +28,7 @@ from loader import iter_dataset
 from loader import map_dataset
 from loader import operations as ops
 from loader import options as options_lib
+from loader import realign
 from loader import record
 from loader import samplers as samplers_lib
 from loader import sharding
@@ -339,12 +340,15 @@ class Pipeline:
       the engine's position ("next_index") indexes it.
     records_per_position: Sampler positions per folded position (the product
       of the folded batch sizes).
+    realigns: Whether the folded batch may start at any record (see
+      loader.realign); else only at multiples of records_per_position.
   """
 
   dataset: iter_dataset.IterDataset
   num_positions: int
   prefix_len: int
   records_per_position: int
+  realigns: bool = False
 
 
 def build(data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, operations: Sequence[Op],
@@ -362,6 +366,7 @@ def build(data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, 
   num_positions = len(ds)
   records_per_position = 1
   may_have_holes = False
+  batches = []  # The folded batches: they realign from the first (see loader.realign).
   rest = list(operations)
   while rest and rest[0].kind in ("map", "random_map", "map_with_index", "filter", "batch"):
     op = rest[0]
@@ -371,9 +376,15 @@ def build(data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, 
       records_per_position *= op.batch_size
     may_have_holes |= op.kind == "filter"
     ds = apply(ds, op, lean)
+    if op.kind == "batch":
+      batches.append(ds)
     rest.pop(0)
   prefix_len = len(ds)
-  it_ds = ds.to_iter_dataset(read_options)
+  # Positions count records, as Grain's batch iterator does (and as
+  # to_iter_dataset().batch() folded does): a batch may start at any record.
+  it_ds = iter_dataset.MapBackedIterDataset(ds, read_options=read_options, unit=records_per_position,
+                                            unit_len=num_positions,
+                                            unit_batch=batches[0] if batches else None)
   for op in rest:
     it_ds = apply(it_ds, op, lean)
   if not lean:
@@ -381,4 +392,5 @@ def build(data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, 
   if mp_options.num_workers > 0:
     it_ds = it_ds.mp_prefetch(mp_options)
     it_ds._parent_reads_first_chunk = False  # pylint: disable=protected-access  # As Grain's DataLoader.
-  return Pipeline(it_ds, num_positions, prefix_len, records_per_position)
+  realigns = bool(batches) and realign.realignable(ds, batches[0])
+  return Pipeline(it_ds, num_positions, prefix_len, records_per_position, realigns)

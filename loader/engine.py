@@ -27,6 +27,7 @@ from loader import checks
 from loader import dataset_iterator
 from loader import dataset_options
 from loader import map_dataset as map_dataset_lib
+from loader import realign
 from loader import source as source_lib
 from loader import state as state_lib
 
@@ -135,6 +136,10 @@ class ChunkSizer:
       size = min(size, max(1, (self._len - start) // (2 * self._parallelism)))
     return max(1, size)
 
+  def resize(self, n: int) -> None:
+    """The dataset's length is now `n` (a realigned view; see loader.realign)."""
+    self._len = n
+
   def observe(self, elements: list[Any], seconds: float | None = None) -> None:
     """Learns element cost and size from a computed chunk."""
     if not elements:
@@ -170,6 +175,7 @@ def compute_chunk(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tupl
     try:
       elements.append(ds._getitems(np.array([i], dtype=np.int64))[0])  # pylint: disable=protected-access
     except Exception as e:  # pylint: disable=broad-except
+      realign.note_resume(ds, e, i)  # Where the computing side can tell (workers run the user's setup).
       return elements, e
   return elements, None
 
@@ -210,6 +216,12 @@ class SyncChunkProducer:
 
   def reset(self, start: int) -> None:
     self._next = start
+
+  def realign(self, origin: int) -> None:
+    """Computes `ds.at(origin)` from now on (a RealignedMapDataset; see loader.realign)."""
+    self._ds = self._ds.at(origin)
+    self._len = len(self._ds)
+    self._sizer.resize(self._len)
 
   def next_chunk(self) -> Chunk | None:
     start = self._next
@@ -318,7 +330,8 @@ class ChunkComputer:
 
   def __init__(self, ds: map_dataset_lib.MapDataset, num_threads: int, *, cores_share: int | None = None):
     self._ds = ds
-    self._threads = max(0, num_threads)
+    # A stream is read in order, one element after the other (see map_dataset.streams).
+    self._threads = min(max(0, num_threads), 1 if map_dataset_lib.streams(ds) else num_threads)
     self._cores = max(1, cores_share if cores_share is not None else available_cores())
     self._read_threads = min(reading_threads(num_threads), 2 * self._cores) if num_threads > 0 else 1
     self._records = max(1, ds._records_per_element)  # pylint: disable=protected-access
@@ -329,6 +342,15 @@ class ChunkComputer:
     self._lock = threading.Lock()
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
     self._closed = False
+
+  @property
+  def dataset(self) -> map_dataset_lib.MapDataset:
+    return self._ds
+
+  def realign(self, origin: int) -> None:
+    """Computes `ds.at(origin)` from now on (a RealignedMapDataset; see loader.realign)."""
+    if getattr(self._ds, "origin", 0) != origin:
+      self._ds = self._ds.at(origin)
 
   def split_width(self) -> int:
     """Threads a large chunk would be split over now (1: computed whole)."""
@@ -467,12 +489,32 @@ class ThreadChunkProducer:
     self._pending: collections.deque[tuple[int, int, concurrent.futures.Future]] = collections.deque()
     self._next_submit = 0
     self._finalizer: weakref.finalize | None = None
+    # Chunks queued behind one that failed are not computed: the consumer
+    # goes on after the failure (reset), and a source that streams must not
+    # be read past it meanwhile (its records would be lost).
+    self._generation = 0
+    self._failed_generation = -1
 
   def reset(self, start: int) -> None:
     for _, _, fut in self._pending:
       fut.cancel()
     self._pending.clear()
     self._next_submit = start
+    self._generation += 1
+
+  def _compute(self, generation: int, start: int, stop: int) -> tuple[list[Any], Exception | None, float]:
+    if generation == self._failed_generation:
+      return [], None, 0.0  # Never handed out: the consumer resets first.
+    elements, error, seconds = self._computer.compute(start, stop)
+    if error is not None:
+      self._failed_generation = generation
+    return elements, error, seconds
+
+  def realign(self, origin: int) -> None:
+    """Computes `ds.at(origin)` from now on (after a reset; see loader.realign)."""
+    self._computer.realign(origin)
+    self._len = len(self._computer.dataset)
+    self._sizer.resize(self._len)
 
   def start(self) -> None:
     if self._pool is None:
@@ -487,7 +529,7 @@ class ThreadChunkProducer:
            and (not self._pending or in_flight < self._buffer_size)):
       start = self._next_submit
       stop = min(start + self._sizer.size(start), self._len)
-      fut = self._pool.submit(self._computer.compute, start, stop)
+      fut = self._pool.submit(self._compute, self._generation, start, stop)
       self._pending.append((start, stop, fut))
       in_flight += stop - start
       self._next_submit = stop
@@ -609,6 +651,12 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
             # Workers note theirs (mp_prefetch); a user's map says nothing of where it was.
             error.add_note(f"Raised while computing element {self._buffer_start + self._pos} of "
                            f"{_safe_repr(self._ds)}; the stream goes on after it.")
+          at = realign.resume_at(error) if failed and self._unit > 1 else None
+          if at is not None and isinstance(self._ds, realign.RealignedMapDataset):
+            # As Grain's batch iterator: the next batch starts after the failed element (see loader.realign).
+            self._buffer, self._pos = [], 0
+            self._go_to_element(at)
+            raise error
           self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
           self._buffer, self._pos = [], 0
           self._producer.reset(self._buffer_start)
@@ -662,7 +710,15 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     # Counted as Grain does: a batch after to_iter_dataset() (folded here)
     # counts the elements it consumed, not batches.
     k = self._buffer_start + self._pos
-    return {"next_index": k if self._unit == 1 else min(k * self._unit, self._unit_len)}
+    return {"next_index": k if self._unit == 1 else min(self._origin() + k * self._unit, self._unit_len)}
+
+  def _origin(self) -> int:
+    """The element the current view's first batch starts at (see loader.realign)."""
+    return self._origin_of(self._ds)
+
+  @staticmethod
+  def _origin_of(ds: Any) -> int:
+    return getattr(ds, "origin", 0)
 
   def set_state(self, state: dict[str, Any]) -> None:
     counts = []
@@ -680,22 +736,45 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
             f"{type(self).__name__}.set_state: the Grain state's {key}={count!r} does not match its position "
             f"next_index={k!r}; was it saved from a different pipeline?")
     if self._unit > 1:
+      self._check_element_position(k)
+      if isinstance(self._ds, realign.RealignedMapDataset):
+        self._go_to_element(int(k))  # Inside a batch too: batches start there, as Grain's do.
+        return
       k = self._from_element_position(k)
     self._move_to(k, "set_state")
 
-  def _move_to(self, k: Any, what: str) -> None:
-    if not checks.is_int(k) or not 0 <= k <= self._len:
+  def _go_to_element(self, e: int) -> None:
+    """Moves to input element `e` of a realigned batch: the next batch starts there."""
+    if e >= self._unit_len:
+      self._move_to(len(self._ds.at(0)), "set_state", origin=0)
+    elif e % self._unit == 0:
+      self._move_to(e // self._unit, "set_state", origin=0)
+    else:
+      self._move_to(0, "set_state", origin=e)
+
+  def _move_to(self, k: Any, what: str, origin: int | None = None) -> None:
+    """Moves to position `k` (of the view starting at element `origin`, if given)."""
+    view = self._ds if origin is None else self._ds.at(origin)
+    length = len(view)
+    if not checks.is_int(k) or not 0 <= k <= length:
       error = state_lib.PositionOutOfRangeError if checks.is_int(k) else state_lib.StateTypeError
       raise error(
           f"{type(self).__name__}.{what}: next_index must be an integer in "
-          f"[0, {self._len}] for this dataset (got {k!r}); was the state saved from another dataset?")
-    here = self._buffer_start + self._pos
+          f"[0, {length}] for this dataset (got {k!r}); was the state saved from another dataset?")
+    here, here_view = self._buffer_start + self._pos, self._ds
     try:
+      if view is not here_view:
+        self._producer.reset(0)
+        self._producer.realign(view.origin)
+        self._ds, self._len = view, length
       self._producer.reset(int(k))
     except BaseException:
       # A Ctrl-C in the middle (a restore interrupted): stay wholly at the old
       # position, never reporting one and yielding from another.
       self._buffer, self._buffer_start, self._pos = [], here, 0
+      if view is not here_view:
+        self._producer.realign(self._origin_of(here_view))
+        self._ds, self._len = here_view, len(here_view)
       self._producer.reset(here)
       raise
     self._buffer, self._buffer_start, self._pos, self._error = [], int(k), 0, None
@@ -705,19 +784,22 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
   # folded iterator-level batch counts batches, as Grain's batch iterator does).
 
   def _get_next_index(self) -> int:
-    return self._buffer_start + self._pos
+    return self._origin() // self._unit + self._buffer_start + self._pos
 
   def _set_next_index(self, index: int) -> None:
-    self._move_to(index, "set_next_index")
+    self._move_to(index, "set_next_index", origin=0 if isinstance(self._ds, realign.RealignedMapDataset) else None)
 
-  def _from_element_position(self, k: Any) -> int:
-    """Our position (in folded batches) of a state's next_index (in elements before the batch)."""
+  def _check_element_position(self, k: Any) -> None:
     if not checks.is_int(k) or not 0 <= k <= self._unit_len:
       error = state_lib.PositionOutOfRangeError if checks.is_int(k) else state_lib.StateTypeError
       raise error(
           f"{type(self).__name__}.set_state: next_index counts elements before .batch({self._unit}) and must be "
           f"an integer in [0, {self._unit_len}] for this dataset (got {k!r}); was the state saved from another "
           "dataset?")
+
+  def _from_element_position(self, k: Any) -> int:
+    """Our position (in folded batches) of a state's next_index (in elements before the batch)."""
+    self._check_element_position(k)
     k = int(k)
     if k == self._unit_len:
       return self._len

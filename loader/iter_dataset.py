@@ -38,6 +38,7 @@ from loader import engine
 from loader import grain_interop
 from loader import map_dataset as map_dataset_lib
 from loader import options as options_lib
+from loader import realign
 from loader import stats as stats_lib
 from loader.dataset_iterator import DatasetIterator
 
@@ -244,7 +245,8 @@ class MapBackedIterDataset(IterDataset[T]):
 
   def __init__(self, map_dataset: map_dataset_lib.MapDataset[T], *,
                read_options: options_lib.ReadOptions | None = None, allow_nones: bool = False,
-               unit: int = 1, unit_len: int | None = None, grain_layers: tuple[tuple[str, int], ...] = ()):
+               unit: int = 1, unit_len: int | None = None, grain_layers: tuple[tuple[str, int], ...] = (),
+               unit_batch: map_dataset_lib.MapDataset | None = None):
     if not isinstance(map_dataset, map_dataset_lib.MapDataset):
       raise TypeError(f"Expected a MapDataset (got {type(map_dataset).__name__}).")
     super().__init__(map_dataset)
@@ -256,6 +258,10 @@ class MapBackedIterDataset(IterDataset[T]):
     # Length before iterator-level batches were folded in (for Grain states).
     self.unit_len = len(map_dataset) if unit_len is None else unit_len
     self.grain_layers = grain_layers
+    # The first folded iterator-level batch: after a failed element or at a
+    # restore inside a batch, batches start at any element, as Grain's do
+    # (see loader.realign).
+    self.unit_batch = unit_batch
 
   @property
   def map_dataset(self) -> map_dataset_lib.MapDataset[T]:
@@ -273,12 +279,18 @@ class MapBackedIterDataset(IterDataset[T]):
   def rebase(self, map_dataset: map_dataset_lib.MapDataset, unit: int = 1,
              grain_layer: str | None = None) -> MapBackedIterDataset:
     layers = self.grain_layers + (((grain_layer, self.unit),) if grain_layer else ())
+    # The first batch folded in is where batches realign (see loader.realign).
+    unit_batch = map_dataset if unit > 1 and self.unit == 1 else self.unit_batch
     return MapBackedIterDataset(map_dataset, read_options=self.read_options, allow_nones=self.allow_nones,
-                                unit=self.unit * unit, unit_len=self.unit_len, grain_layers=layers)
+                                unit=self.unit * unit, unit_len=self.unit_len, grain_layers=layers,
+                                unit_batch=unit_batch)
 
   def __iter__(self) -> DatasetIterator[T]:
-    producer = engine.make_producer(self.map_dataset, self.read_options)
-    return engine.MapDatasetIterator(self.map_dataset, producer, allow_nones=self.allow_nones,
+    ds = self.map_dataset
+    if self.unit > 1 and realign.realignable(ds, self.unit_batch):
+      ds = realign.RealignedMapDataset(ds, self.unit_batch)
+    producer = engine.make_producer(ds, self.read_options)
+    return engine.MapDatasetIterator(ds, producer, allow_nones=self.allow_nones,
                                      unit=self.unit, unit_len=self.unit_len, grain_layers=self.grain_layers)
 
 

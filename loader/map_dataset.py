@@ -681,6 +681,18 @@ class FilterMapDataset(MapDataset[T]):
       raise checks.stop_iteration_error(fn, e) from e
 
 
+def streams(ds: MapDataset) -> bool:
+  """Whether a source under `ds` ignores the index it is asked and returns its next record.
+
+  Such a stream is read in order, one read at a time: the engine neither
+  splits its chunks over threads nor reads ahead past a failed element.
+  """
+  reader = getattr(ds, "_reader", None)
+  if reader is not None and getattr(reader, "streams", False):
+    return True
+  return any(streams(p) for p in ds._parents)  # pylint: disable=protected-access
+
+
 def _first_discarding(ds: MapDataset) -> str:
   """Grain's name for the nearest stage above `ds` that may discard elements."""
   todo = [ds]

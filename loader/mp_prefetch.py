@@ -165,11 +165,12 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
       ds, threads = pickle.loads(msg[1])
       computers.append(engine.ChunkComputer(ds, threads, cores_share=cores))
       continue
-    _, leaf, gen, chunk_id, start, stop, released = msg
+    _, leaf, gen, chunk_id, start, stop, released, origin = msg
     with lock:
       outstanding.difference_update(released)
     seq += 1
     name = f"{shm_prefix}{worker_index}_{seq}"
+    computers[leaf].realign(origin)
     elements, error, seconds = computers[leaf].compute(start, stop)
     try:
       desc = _encode_tracked(elements, name, lock, outstanding)
@@ -468,13 +469,16 @@ class _WorkerPool:
     _shutdown(self.procs, self.conns, self.prefix, self._stash)  # Empties the stashes in place.
     self._stopping = False
 
-  def submit(self, leaf: int, gen: int, c: int, start: int, stop: int) -> int:
-    """Sends a task to the least loaded worker; returns that worker."""
+  def submit(self, leaf: int, gen: int, c: int, start: int, stop: int, origin: int = 0) -> int:
+    """Sends a task to the least loaded worker; returns that worker.
+
+    `origin`: where the part's batches start (a RealignedMapDataset's; see loader.realign).
+    """
     w = min(range(self.num_workers), key=self.load.__getitem__)
     released, self._released[w] = self._released[w], []
     # Recorded before sending: a worker found dead by this send never returns these positions either.
     self._tasks[w].append((leaf, gen, c, start, stop))
-    self._send(w, ("task", leaf, gen, c, start, stop, released))
+    self._send(w, ("task", leaf, gen, c, start, stop, released, origin))
     self.load[w] += stop - start
     return w
 
@@ -643,6 +647,12 @@ class MultiprocessChunkProducer:
     self._next_start = start
     self._next_request = self._next_consume = 0
 
+  def realign(self, origin: int) -> None:
+    """Computes `ds.at(origin)` from now on, here and in the workers (after a reset; see loader.realign)."""
+    self._ds = self._ds.at(origin)
+    self._len = len(self._ds)
+    self._sizer.resize(self._len)
+
   def _add_chunk(self, w: int) -> int:
     c, start = self._next_request, self._next_start
     stop = min(start + self._sizer.size(start), self._len)
@@ -656,7 +666,8 @@ class MultiprocessChunkProducer:
     while self._next_request < limit and self._next_start < self._len:
       c = self._add_chunk(_LOCAL)
       start, stop, _ = self._chunks[c]
-      self._chunks[c] = (start, stop, self._pool.submit(self._leaf, self._gen, c, start, stop))
+      self._chunks[c] = (start, stop, self._pool.submit(self._leaf, self._gen, c, start, stop,
+                                                        getattr(self._ds, "origin", 0)))
 
   def next_chunk(self) -> engine.Chunk | None:
     engine.check_same_process(self._pool.pid)

@@ -22,6 +22,18 @@ from loader import record
 _IN = TypeVar("_IN")
 _OUT = TypeVar("_OUT")
 
+# Set on the errors these operations raise: in Grain they are generators, so
+# their stream ends at the first error (see DataLoaderIterator).
+ENDS_STREAM = "_loader_ends_stream"
+
+
+def _failed(what: str, fn: Callable[..., Any], e: Exception) -> ValueError:
+  # Grain's words first: client code matches them.
+  error = ValueError(f"PyGrain encountered an error when calling {what} function. "
+                     f"({checks.fn_name(fn)} raised {e!r}.)")
+  setattr(error, ENDS_STREAM, True)
+  return error
+
 
 class Operation(Protocol):
   """Transforms a stream of records."""
@@ -40,11 +52,12 @@ class MapOperation(Generic[_IN, _OUT]):
     try:
       out = self.map_function(r.data)
     except Exception as e:
-      raise ValueError(f"MapOperation: map_function {checks.fn_name(self.map_function)} raised {e!r}.") from e
+      raise _failed("map", self.map_function, e) from e
     return record.Record(r.metadata.remove_record_key(), out)
 
   def __call__(self, input_iterator: Iterator[record.Record[_IN]]) -> Iterator[record.Record[_OUT]]:
-    return map(self.apply, input_iterator)
+    for r in input_iterator:  # A generator, as Grain's: it ends at the first error.
+      yield self.apply(r)
 
 
 @dataclasses.dataclass
@@ -57,12 +70,12 @@ class RandomMapOperation(Generic[_IN, _OUT]):
     try:
       out = self.random_map_function(r.data, r.metadata.rng)
     except Exception as e:
-      raise ValueError(f"RandomMapOperation: random_map_function "
-                       f"{checks.fn_name(self.random_map_function)} raised {e!r}.") from e
+      raise _failed("random map", self.random_map_function, e) from e
     return record.Record(r.metadata.remove_record_key(), out)
 
   def __call__(self, input_iterator: Iterator[record.Record[_IN]]) -> Iterator[record.Record[_OUT]]:
-    return map(self.apply, input_iterator)
+    for r in input_iterator:
+      yield self.apply(r)
 
 
 @dataclasses.dataclass
@@ -75,8 +88,7 @@ class FilterOperation(Generic[_IN]):
     try:
       return bool(self.condition_function(r.data))
     except Exception as e:
-      raise ValueError(f"FilterOperation: condition_function "
-                       f"{checks.fn_name(self.condition_function)} raised {e!r}.") from e
+      raise _failed("condition", self.condition_function, e) from e
 
   def __call__(self, input_iterator: Iterator[record.Record[_IN]]) -> Iterator[record.Record[_IN]]:
     for r in input_iterator:

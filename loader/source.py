@@ -835,6 +835,11 @@ class BatchedSource:
     return repr(self.source)
 
   @property
+  def streams(self) -> bool:
+    """Whether the source ignores the index it is asked and returns its next record."""
+    return self._streams
+
+  @property
   def reads_by_index(self) -> bool:
     """Whether a read surely returns the records of the indices asked: a batched
     read we trust (above) or a Python sequence, not a user source that might

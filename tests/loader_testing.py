@@ -98,6 +98,24 @@ def take(iterator, n: int | None) -> list[Any]:
   return out
 
 
+def take_with_errors(iterator, n: int | None = None, errors: type | tuple[type, ...] = Exception,
+                     on_error: Callable[[BaseException], Any] = str) -> list[Any]:
+  """Up to `n` elements, a consumer that catches `errors` and calls next() again.
+
+  A caught error shows up in the list as `on_error(error)` (its message by
+  default); StopIteration ends it.
+  """
+  out = []
+  while n is None or len(out) < n:
+    try:
+      out.append(next(iterator))
+    except StopIteration:
+      break
+    except errors as e:  # pylint: disable=broad-except
+      out.append(on_error(e))
+  return out
+
+
 def assert_restore_at_every_step_gives_same_stream(
     make_ds: Callable[[], Any], *, make_restore_ds: Callable[[], Any] | None = None,
     max_steps: int | None = None, steps: Sequence[int] | None = None) -> list[Any]:

@@ -82,6 +82,18 @@ class SumBatch(gp.MapTransform):
     return {"id": batch["id"], "total": batch["x"].sum(axis=-1)}
 
 
+class StreamingSource(Source):
+  """A source that ignores the index asked and returns its next record (as MaxText's HFDataSource)."""
+
+  def __init__(self, n: int):
+    super().__init__(n)
+    self._next = 0
+
+  def __getitem__(self, i: int):  # pylint: disable=unused-argument
+    self._next += 1
+    return {"id": np.int64(self._next - 1), "x": np.full(3, self._next - 1, np.float32)}
+
+
 def make_loader(g, *, n=10, shard=(0, 1, False), sampler_shard=True, shuffle=False, num_epochs=2, seed=3,
                 ops=lambda g: [], worker_count=0, sampler="index"):
   """The same DataLoader snippet for `g` = grain.python or loader.python."""
@@ -390,9 +402,31 @@ def test_states_resume_after_the_same_records_with_other_operations():
     fresh = np.concatenate([b["id"] for b in other])
     rest = np.concatenate([b["id"] for b in loader_testing.take(resumed, None)])
     np.testing.assert_array_equal(rest, fresh[6:])
+  # After 6 records, batches of 4 start at record 6, as Grain's do (from Grain's own state).
+  grain_it = iter(make_loader(gp, **base))
+  loader_testing.take(grain_it, 2)
+  grain_resumed = iter(make_loader(gp, sampler_shard=False, ops=lambda g: [g.Batch(4)]))
+  grain_resumed.set_state(grain_it.get_state())
+  for saved in (state, grain_it.get_state()):
+    misaligned = iter(make_loader(lp, sampler_shard=False, ops=lambda g: [g.Batch(4)]))
+    misaligned.set_state(saved)
+    assert misaligned.get_state() and next(misaligned)["id"].tolist() == [6, 7, 8, 9]
   misaligned = iter(make_loader(lp, sampler_shard=False, ops=lambda g: [g.Batch(4)]))
+  misaligned.set_state(state)
+  assert_same_stream(loader_testing.take(misaligned, None), loader_testing.take(grain_resumed, None))
+  # Nested batches too.
+  nested = iter(make_loader(lp, sampler_shard=False, ops=lambda g: [g.Batch(2), g.Batch(2)]))
+  nested.set_state(state)
+  grain_nested = iter(make_loader(gp, sampler_shard=False, ops=lambda g: [g.Batch(2), g.Batch(2)]))
+  grain_nested.set_state(state)
+  assert_same_stream(loader_testing.take(nested, None), loader_testing.take(grain_nested, None))
+  # A source that streams (returns its next record whatever the index) is
+  # read in whole batches only: the refusal says why.
+  sampler = lp.IndexSampler(10, lp.NoSharding(), shuffle=False, num_epochs=2, seed=3)
+  streaming = iter(lp.DataLoader(data_source=StreamingSource(10), sampler=sampler, operations=[lp.Batch(4)],
+                                 shard_options=lp.NoSharding()))
   with pytest.raises(ValueError, match="stopped after 6 records, inside one of this DataLoader's batches of 4") as e:
-    misaligned.set_state(state)
+    streaming.set_state({**json.loads(state), "data_source": repr(StreamingSource(10))})
   assert "\n" not in str(e.value)
 
 
@@ -454,9 +488,13 @@ def test_grain_states_of_other_pipelines_are_refused():
                                shard_options=lp.NoSharding())
   with pytest.raises(ValueError, match="Grain DataLoader state is for another pipeline: data_source"):
     iter(other_source).set_state(state)
-  # Grain counted 2 records; loader's folded batches of 3 cannot stop there.
-  with pytest.raises(ValueError, match="inside one of this DataLoader's batches of 3"):
-    iter(make_loader(lp, ops=lambda g: [g.Batch(3)])).set_state(state)
+  # Grain counted 2 records: batches of 3 resume there, as Grain's do.
+  for ops in (lambda g: [g.Batch(3)], lambda g: [g.Batch(3), g.Batch(2)]):
+    resumed = iter(make_loader(lp, ops=ops))
+    resumed.set_state(state)
+    grain_resumed = iter(make_loader(gp, ops=ops))
+    grain_resumed.set_state(state)
+    assert_same_stream(loader_testing.take(resumed, None), loader_testing.take(grain_resumed, None))
 
 
 def test_array_record_source_and_grain_states_over_it(tmp_path):

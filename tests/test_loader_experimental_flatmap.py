@@ -11,6 +11,7 @@ import pytest
 import loader
 from loader import experimental
 from loader_testing import assert_restore_at_every_step_gives_same_stream
+from loader_testing import take_with_errors
 
 
 class _Split(experimental.FlatMapTransform):
@@ -161,3 +162,29 @@ def test_an_element_whose_flat_map_raises_is_consumed_as_in_grain():
   restored = iter(experimental.FlatMapIterDataset(loader.MapDataset.range(6).to_iter_dataset(), flaky))
   restored.set_state(state)
   assert list(restored) == [5, -5]
+
+
+def test_a_state_taken_after_an_upstream_error_resumes_after_the_failed_element():
+  # The failed element was consumed upstream: a state taken after the caught
+  # error restores to the next element, not to the error again.
+  def fails(x):
+    if x % 5 == 1:
+      raise ValueError(f"bad {x}")
+    return x
+
+  def make():
+    return experimental.FlatMapIterDataset(loader.MapDataset.range(12).map(fails).to_iter_dataset(),
+                                           lambda x: [10 * x, 10 * x + 1])
+
+  it, states, stream = iter(make()), [], []
+  while True:
+    states.append(it.get_state())
+    step = take_with_errors(it, 1, errors=ValueError)
+    if not step:
+      break
+    stream += step
+  assert stream[:4] == [0, 1, "bad 1", 20]
+  for k, state in enumerate(states):
+    restored = iter(make())
+    restored.set_state(state)
+    assert take_with_errors(restored, errors=ValueError) == stream[k:], k

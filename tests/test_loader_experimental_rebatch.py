@@ -11,6 +11,7 @@ import pytest
 import loader
 from loader import experimental
 from loader_testing import assert_restore_at_every_step_gives_same_stream
+from loader_testing import take_with_errors
 
 Pair = collections.namedtuple("Pair", ["ids", "sq"])
 
@@ -106,3 +107,23 @@ def test_an_element_of_another_structure_raises_as_in_grain_instead_of_ending_th
   ours, theirs = run(loader), run(grain)
   assert ours == theirs
   assert ours == ([[[1, 1], [2, 2], [3, 3]]], [[[6, 6], [7, 7], [8, 8]]])
+
+
+@pytest.mark.parametrize("in_size,out_size,drop", [(2, 3, False), (3, 2, False), (4, 5, True), (1, 3, False)])
+def test_rows_gathered_before_a_failed_input_are_dropped_as_in_grain(in_size, out_size, drop):
+  # The consumer catches the error and calls next() again: Grain's rebatch
+  # drops the rows it had gathered for that batch, and starts the next one
+  # after the failed input.
+  def fails(x):
+    if x % 4 == 2:
+      raise ValueError(f"bad {x}")
+    return x
+
+  def run(lib):
+    ds = lib.MapDataset.range(23).to_iter_dataset().map(fails).batch(in_size)
+    it = iter(lib.experimental.RebatchIterDataset(ds, out_size, drop_remainder=drop))
+    return [x if isinstance(x, str) else x.tolist() for x in take_with_errors(it, 60, errors=ValueError)]
+
+  ours = run(loader)
+  assert ours == run(grain)
+  assert any(isinstance(x, str) for x in ours)

@@ -22,6 +22,7 @@ from loader.transformations import packing_utils
 from loader_testing import assert_restore_at_every_step_gives_same_stream
 from loader_testing import assert_streams_equal
 from loader_testing import take
+from loader_testing import take_with_errors
 
 OPS = {
     "first_fit": (lambda: grain.experimental.FirstFitPackIterDataset, packing_lib.FirstFitPackIterDataset),
@@ -191,15 +192,7 @@ def test_batch_after_packing_consumes_the_rows_read_before_an_error():
     return ds.batch(3)
 
   def run(ds):
-    out, it = [], iter(ds)
-    for _ in range(12):
-      try:
-        out.append(next(it))
-      except StopIteration:
-        break
-      except ValueError as e:
-        out.append(str(e))
-    return out
+    return take_with_errors(iter(ds), 12, errors=ValueError)
 
   for fail_at in (2, 5, 9):
     theirs = run(make(grain, grain.experimental, fail_at))

@@ -117,7 +117,7 @@ def test_map_operation_error_names_the_function():
   def explode(x):
     raise KeyError(x)
 
-  with pytest.raises(ValueError, match="MapOperation: map_function .*explode raised KeyError"):
+  with pytest.raises(ValueError, match="PyGrain encountered an error when calling map function.*explode raised KeyError"):
     list(operations.MapOperation(explode)(iter(_records([1]))))
 
 

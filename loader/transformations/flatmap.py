@@ -141,12 +141,13 @@ class _FlatMapIterator(iter_lib.DatasetIterator[T]):
       if self._buffer is not None:  # All splits handed out: on to the next element.
         self._parent_state = state_lib.strip(self._parent.get_state())
         self._buffer, self._next = None, 0
-      x = next(self._parent)  # StopIteration ends the stream.
       try:
+        x = next(self._parent)  # StopIteration ends the stream.
         self._buffer = _as_sequence(checks.call_user(self._flat_map, x))
       except Exception:
-        # As in Grain, an element whose flat_map raises is consumed: the
-        # state and the next call go on after it, from its first split.
+        # As in Grain, an element whose flat_map (or whose computation
+        # upstream) raises is consumed: the state and the next call go on
+        # after it, from its first split.
         self._parent_state = state_lib.strip(self._parent.get_state())
         self._next = 0
         raise

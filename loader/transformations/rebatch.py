@@ -99,17 +99,15 @@ class _RebatchIterator(iter_lib.DatasetIterator):
     self._leaves: list[Any] | None = None  # None: (re)read that input batch.
     self._rows = 0
     self._pos = 0  # Rows of it already used.
-    # A batch interrupted by an error: (state at its start, rows gathered so
-    # far). The next call completes it with the rows after the failed input
-    # element; until then the state points at its start.
+    # The batch being gathered: (state at its start, rows so far); a Ctrl-C
+    # while reading leaves the state at its start.
     self._partial: tuple[dict[str, Any], list[list[Any]]] | None = None
 
   def _after_failed_input(self) -> None:
-    # The parent consumed the failed element (as in Grain): the next input
-    # batch starts after it.
+    # The parent consumed the failed element and, as in Grain, the rows
+    # gathered for this batch go with it: the next batch starts after it.
     self._parent_state = state_lib.strip(self._parent.get_state())
-    if self._partial is not None and not self._partial[1]:
-      self._partial = None  # No rows gathered yet: the state is simply after the failure.
+    self._partial, self._leaves, self._pos = None, None, 0
 
   def _read(self) -> bool:
     """Loads the input batch at `_parent_state`; False at the end of the stream."""

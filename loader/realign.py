@@ -1,0 +1,133 @@
+"""Iterator-level batches that start again after a failed element, as Grain's do.
+
+`ds.to_iter_dataset().batch(n)` (and a `DataLoader`'s `Batch`) is folded into
+the random-access part: batch k holds elements k*n .. k*n+n-1. Grain's batch
+iterator instead gathers the next n elements as they come, so when one fails
+(a map raising, caught by the consumer, which then calls next() again), the
+elements gathered so far are dropped and the next batch starts right after
+the failed element. The same holds for a restore at a position inside a batch.
+
+`RealignedMapDataset` is the folded pipeline with its batch starting at any
+element: after a failure the iterator moves to the view that starts where
+Grain's next batch does, and keeps computing batches in chunks (in workers
+too). It applies where the stages above the batch are maps and filters (they
+do not depend on positions) and further batches; other pipelines (a
+`random_map` after the batch, say) keep whole batches.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from loader import map_dataset as map_dataset_lib
+
+# Stages that may sit above the batch: they compute each element from the
+# batch below it alone, so they are the same over a realigned batch.
+_POSITION_FREE = (map_dataset_lib.MapMapDataset, map_dataset_lib.FilterMapDataset)
+
+
+def realignable(ds: map_dataset_lib.MapDataset, batch: map_dataset_lib.MapDataset | None) -> bool:
+  """Whether `ds` is `batch` (a BatchMapDataset over elements read by index) under maps, filters and batches."""
+  if not isinstance(batch, map_dataset_lib.BatchMapDataset):
+    return False
+  node = ds
+  while node is not batch:
+    if type(node) not in _POSITION_FREE + (map_dataset_lib.BatchMapDataset,):  # pylint: disable=unidiomatic-typecheck
+      return False
+    node = node._parent  # pylint: disable=protected-access
+  return not map_dataset_lib.streams(batch)
+
+
+def _batched(batch: map_dataset_lib.BatchMapDataset, parent: map_dataset_lib.MapDataset) -> map_dataset_lib.MapDataset:
+  return map_dataset_lib.BatchMapDataset(parent, batch._batch_size, drop_remainder=batch._drop_remainder,  # pylint: disable=protected-access
+                                         batch_fn=batch._batch_fn)  # pylint: disable=protected-access
+
+
+def _rebuilt(ds: map_dataset_lib.MapDataset, batch: map_dataset_lib.BatchMapDataset,
+             origin: int) -> map_dataset_lib.MapDataset:
+  if ds is batch:
+    return _batched(batch, batch._parent.slice(slice(origin, None)))  # pylint: disable=protected-access
+  parent = _rebuilt(ds._parent, batch, origin)  # pylint: disable=protected-access
+  if isinstance(ds, map_dataset_lib.BatchMapDataset):  # Its length follows its parent's.
+    return _batched(ds, parent)
+  stage = copy.copy(ds)
+  stage._parents = (parent,)  # pylint: disable=protected-access
+  return stage
+
+
+class RealignedMapDataset(map_dataset_lib.MapDataset):
+  """`ds` with the first element of its batch at element `origin` of the batch's input.
+
+  Its position 0 is that batch; positions count batches from there. At
+  origin 0 it computes `ds` itself.
+  """
+
+  def __init__(self, ds: map_dataset_lib.MapDataset, batch: map_dataset_lib.BatchMapDataset, origin: int = 0):
+    super().__init__(ds if origin == 0 else _rebuilt(ds, batch, origin))
+    self._base = ds
+    self._batch = batch
+    self.origin = origin
+    # Input elements per element: the batch sizes from `batch` up.
+    self.unit = 1
+    node = ds
+    while node is not batch._parent:  # pylint: disable=protected-access
+      self.unit *= getattr(node, "_batch_size", 1)
+      node = node._parent  # pylint: disable=protected-access
+    self.input_len = len(batch._parent)  # pylint: disable=protected-access
+
+  def at(self, origin: int) -> RealignedMapDataset:
+    """The same pipeline with its batches starting at element `origin`."""
+    return self if origin == self.origin else RealignedMapDataset(self._base, self._batch, origin)
+
+  def __len__(self) -> int:
+    return len(self._parent)
+
+  def __repr__(self) -> str:
+    return repr(self._parent)
+
+  def _getitems(self, indices: np.ndarray) -> list[Any]:
+    return self._parent._getitems(indices)  # pylint: disable=protected-access
+
+  def _getitems_array(self, indices: np.ndarray) -> Any:
+    return self._parent._getitems_array(indices)  # pylint: disable=protected-access
+
+  def resume_after_failure(self, k: int) -> int:
+    """The input element the stream goes on at after batch `k` failed.
+
+    The one after the first of the batch's elements that fails alone (as in
+    Grain, the ones gathered before it are dropped with it), or after the
+    whole batch if none does (a batch_fn or a later map failed; with nested
+    batches Grain would go on after the inner batch that failed).
+    """
+    first = self.origin + k * self.unit
+    stop = min(first + self.unit, self.input_len)
+    inputs = self._batch._parent  # pylint: disable=protected-access
+    for i in range(first, stop):
+      try:
+        inputs._getitems(np.array([i], dtype=np.int64))  # pylint: disable=protected-access
+      except Exception:  # pylint: disable=broad-except
+        return i + 1
+    return stop
+
+
+# Set on an exception raised for a batch of a RealignedMapDataset: where the
+# stream goes on (an attribute, so it travels with the exception from workers).
+_RESUME_AT = "_loader_resume_at"
+
+
+def note_resume(ds: Any, error: BaseException, k: int) -> None:
+  """Records on `error` (raised for element `k` of `ds`) where a realigned stream goes on."""
+  if isinstance(ds, RealignedMapDataset):
+    try:
+      setattr(error, _RESUME_AT, ds.resume_after_failure(k))
+    except Exception:  # pylint: disable=broad-except  # E.g. an exception type with __slots__: whole batch.
+      pass
+
+
+def resume_at(error: BaseException) -> int | None:
+  """The input element a realigned stream goes on at after `error` (None: not recorded)."""
+  at = getattr(error, _RESUME_AT, None)
+  return at if isinstance(at, int) else None

@@ -1,0 +1,218 @@
+"""Folded batches that start again after a failed element, or at a restore inside a batch, as Grain's do.
+
+The consumer here catches an element's error and calls next() again. Grain's
+batch iterator drops the elements it gathered for the failing batch and
+starts the next batch right after the failed element; loader computes
+batches in chunks (in workers too) and must give the same stream.
+"""
+
+from __future__ import annotations
+
+import json
+
+import absl.flags
+import grain.python as gp
+import numpy as np
+import pytest
+
+import loader
+import loader.python as lp
+from loader_testing import take as loader_testing_take
+from loader_testing import take_with_errors
+
+absl.flags.FLAGS.mark_as_parsed()
+
+
+def _plain(x):
+  return x if isinstance(x, str) else np.asarray(x).tolist()
+
+
+def _stream(it, n=None):
+  return [_plain(x) for x in take_with_errors(it, n, errors=ValueError)]
+
+
+def _fails(x: int) -> bool:
+  return x % 5 == 1 or x == 14
+
+
+class FailingMap(gp.MapTransform):
+  """Raises on some records (module level: worker processes unpickle it)."""
+
+  def map(self, x):
+    if _fails(int(x)):
+      raise ValueError(f"bad {int(x)}")
+    return x
+
+
+class FailingSource:
+  """A random-access source whose reads of some records fail."""
+
+  def __init__(self, n: int):
+    self._n = n
+
+  def __len__(self) -> int:
+    return self._n
+
+  def __getitem__(self, i: int):
+    if _fails(i):
+      raise ValueError(f"bad {i}")
+    return i
+
+  def __repr__(self) -> str:
+    return f"FailingSource({self._n})"
+
+
+def _data_loader(g, ops, n=23, worker_count=0, num_epochs=1):
+  sampler = g.IndexSampler(n, g.NoSharding(), shuffle=False, num_epochs=num_epochs, seed=0)
+  return g.DataLoader(data_source=list(range(n)), sampler=sampler, operations=ops(g), worker_count=worker_count)
+
+
+DATA_LOADER_OPS = {
+    "batch3": lambda g: [FailingMap(), g.Batch(3)],
+    "batch4": lambda g: [FailingMap(), g.Batch(4)],
+    "batch3_drop": lambda g: [FailingMap(), g.Batch(3, drop_remainder=True)],
+    "nested": lambda g: [FailingMap(), g.Batch(2), g.Batch(2)],
+}
+
+
+@pytest.mark.parametrize("name", DATA_LOADER_OPS)
+def test_data_loader_goes_on_after_a_failed_record_as_grain(name):
+  ops = DATA_LOADER_OPS[name]
+  theirs = _stream(iter(_data_loader(gp, ops)))
+  ours = _stream(iter(_data_loader(lp, ops)))
+  assert ours == theirs
+  assert theirs[0] == "bad 1" and _plain(theirs[1])[:1] in ([2], [[2, 3]])  # The next batch starts at record 2.
+
+
+def test_data_loader_with_workers_gives_the_in_process_stream():
+  # Grain's DataLoader stops at a worker's error; loader's goes on as in process.
+  for ops in (DATA_LOADER_OPS["batch3"], DATA_LOADER_OPS["nested"]):
+    in_process = _stream(iter(_data_loader(lp, ops, n=400, num_epochs=2)))
+    with iter(_data_loader(lp, ops, n=400, num_epochs=2, worker_count=2)) as it:
+      assert _stream(it) == in_process
+    assert sum(isinstance(x, str) and x.startswith("bad") for x in in_process) == 2 * 81
+
+
+def test_dataset_batch_folded_over_a_failing_source_as_grain():
+  # Grain's to_iter_dataset() raises IndexError once the stream ends after an
+  # error (its prefetch buffer); the elements before that are compared.
+  def make(g):
+    return g.MapDataset.source(FailingSource(13)).to_iter_dataset(
+        g.ReadOptions(num_threads=1, prefetch_buffer_size=1)).batch(3)
+
+  theirs = _stream(iter(make(gp)), 5)
+  assert theirs == ["bad 1", [2, 3, 4], "bad 6", [7, 8, 9], "bad 11"]
+  assert _stream(iter(make(lp))) == theirs + [[12]]
+
+
+def test_restore_at_every_step_after_failures():
+  """States taken between failures resume the same stream, in process and with workers, as Grain's do."""
+  ops = DATA_LOADER_OPS["batch4"]
+  for workers in (0, 2):
+    states, stream = [], []
+    with iter(_data_loader(lp, ops, n=40, worker_count=workers)) as it:
+      while True:
+        states.append(it.get_state())
+        x = _stream(it, 1)
+        if not x:
+          break
+        stream += x
+    for k in range(len(states)):
+      with iter(_data_loader(lp, ops, n=40)) as restored:
+        restored.set_state(states[k])
+        assert _stream(restored) == stream[k:], k
+  # Grain's states between failures resume the same stream here.
+  grain_it, grain_states = iter(_data_loader(gp, ops, n=40)), []
+  for _ in stream:
+    grain_states.append(grain_it.get_state())
+    _stream(grain_it, 1)
+  for k, state in enumerate(grain_states):
+    restored = iter(_data_loader(lp, ops, n=40))
+    restored.set_state(state)
+    assert _stream(restored) == stream[k:], k
+
+
+def test_dataset_states_between_failures_restore():
+  def make():
+    return loader.MapDataset.source(FailingSource(30)).to_iter_dataset().batch(4)
+
+  it, states, stream = iter(make()), [], []
+  while True:
+    states.append(it.get_state())
+    x = _stream(it, 1)
+    if not x:
+      break
+    stream += x
+  assert [2, 3, 4, 5] in stream and [7, 8, 9, 10] in stream
+  for k, state in enumerate(states):
+    restored = iter(make())
+    restored.set_state(state)
+    assert _stream(restored) == stream[k:], k
+
+
+# DataLoader states written by the previous version (format_version 2), which
+# counted the engine's position in folded batches (version 3 counts records).
+_V2_SAMPLER = ("IndexSampler(num_records=30, shard_options=NoSharding(shard_index=0, shard_count=1, "
+               "drop_remainder=False), shuffle=False, num_epochs=1, seed=0)")
+_V2_HEAD = {"sampler": _V2_SAMPLER, "data_source": "<class 'list'>", "shard": [0, 1],
+            "format": "arrayrecord-toolkit/DataLoader", "format_version": 2}
+_V2_PIPELINE = ["source(list(len=30))", f"sampler({_V2_SAMPLER}, shar..."]
+V2_STATES = {
+    # After 2 batches of 4.
+    "batch": ({**_V2_HEAD, "version": 2, "last_seen_indices": {"0": 7}, "last_worker_index": -1, "worker_count": 0,
+               "operations": ["batch(4, drop_remainder=False)"],
+               "dataset": {"next_index": 2, "loader_state_version": 4,
+                           "pipeline": _V2_PIPELINE[:2] + ["batch(4, drop_remainder=False)", "to_iter_dataset()"]}},
+              [8, 9, 10, 11]),
+    # After 5 rows of batches of 2 split by a FlatMap.
+    "flat_map": ({**_V2_HEAD, "operations": ["batch(2, drop_remainder=False)", "flat_map(max_fan_out=2)"],
+                  "dataset": {"parent": {"next_index": 2}, "next_index_in_buffer": 1, "loader_state_version": 4,
+                              "pipeline": _V2_PIPELINE[:2] + ["batch(2, drop_remainder=False)", "to_iter_dataset()",
+                                                              "flat_map(_SplitRecord)", "map"]}},
+                 [5, 6, 7]),
+}
+
+
+class Rows(loader.transforms.FlatMap):
+  max_fan_out = 2
+
+  def flat_map(self, element):
+    return list(element)
+
+
+@pytest.mark.parametrize("name", V2_STATES)
+def test_version_2_data_loader_states_still_resume(name):
+  state, expected = V2_STATES[name]
+  ops = (lambda g: [g.Batch(4)]) if name == "batch" else (lambda g: [g.Batch(2), Rows()])
+  resumed = iter(_data_loader(lp, ops, n=30))
+  resumed.set_state(json.dumps(state).encode())
+  got = [_plain(x) for x in loader_testing_take(resumed, 3 if name == "flat_map" else 1)]
+  assert (got if name == "flat_map" else got[0]) == expected
+
+
+def _fails_legacy(x):
+  if _fails(int(x)):
+    raise ValueError(f"bad {int(x)}")
+  return x
+
+
+LEGACY_OPS = {
+    "map": lambda g: [g.MapOperation(_fails_legacy)],
+    "map_batch": lambda g: [g.MapOperation(_fails_legacy), g.BatchOperation(3)],
+    "filter": lambda g: [g.FilterOperation(lambda x: _fails_legacy(x) >= 0)],
+    "map_then_transform": lambda g: [g.MapOperation(lambda x: x), FailingMap(), g.Batch(2)],
+}
+
+
+@pytest.mark.parametrize("name", LEGACY_OPS)
+def test_legacy_operations_end_the_stream_at_their_first_error_as_in_grain(name):
+  # Grain's legacy operations are generators: their first error ends them.
+  # Errors of other transforms consume the element and the stream goes on.
+  def run(g):  # Errors by their first sentence (Grain's message; loader's adds the cause).
+    it = iter(_data_loader(g, LEGACY_OPS[name]))
+    return [_plain(x) for x in take_with_errors(it, errors=ValueError, on_error=lambda e: str(e).split(".")[0])]
+
+  ours, theirs = run(lp), run(gp)
+  assert ours == theirs
+  ends = isinstance(theirs[-1], str) and theirs[-1].startswith("PyGrain encountered an error when calling")
+  assert ends == (name != "map_then_transform")
