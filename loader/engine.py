@@ -349,7 +349,7 @@ class ChunkComputer:
 
   def realign(self, origin: int) -> None:
     """Computes `ds.at(origin)` from now on (a RealignedMapDataset; see loader.realign)."""
-    if getattr(self._ds, "origin", 0) != origin:
+    if realign.origin_of(self._ds) != origin:
       self._ds = self._ds.at(origin)
 
   def split_width(self) -> int:
@@ -654,6 +654,8 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
           at = realign.resume_at(error) if failed and self._unit > 1 else None
           if at is not None and isinstance(self._ds, realign.RealignedMapDataset):
             # As Grain's batch iterator: the next batch starts after the failed element (see loader.realign).
+            # The position is after the failed batch first: a Ctrl-C during the move stays there.
+            self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
             self._buffer, self._pos = [], 0
             self._go_to_element(at)
             raise error
@@ -716,9 +718,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     """The element the current view's first batch starts at (see loader.realign)."""
     return self._origin_of(self._ds)
 
-  @staticmethod
-  def _origin_of(ds: Any) -> int:
-    return getattr(ds, "origin", 0)
+  _origin_of = staticmethod(realign.origin_of)
 
   def set_state(self, state: dict[str, Any]) -> None:
     counts = []
@@ -784,7 +784,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
   # folded iterator-level batch counts batches, as Grain's batch iterator does).
 
   def _get_next_index(self) -> int:
-    return self._origin() // self._unit + self._buffer_start + self._pos
+    return -(-self._origin() // self._unit) + self._buffer_start + self._pos  # Grain's: batches begun.
 
   def _set_next_index(self, index: int) -> None:
     self._move_to(index, "set_next_index", origin=0 if isinstance(self._ds, realign.RealignedMapDataset) else None)

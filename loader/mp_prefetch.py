@@ -47,6 +47,7 @@ from loader import engine
 from loader import iter_dataset as iter_lib
 from loader import map_dataset as map_lib
 from loader import options as options_lib
+from loader import realign
 
 _PARENT_POLL_S = 0.5
 # Grain's default for mp_prefetch() without options.
@@ -585,6 +586,8 @@ def _runs_only_loader_code(ds: map_lib.MapDataset) -> bool:
   if isinstance(ds, map_lib.SourceMapDataset):
     # pylint: disable-next=protected-access
     return type(ds._source) in (range, list, tuple) or ds._reader._objects  # An ArrayRecordSource's own reads.
+  if isinstance(ds, realign.RealignedMapDataset):
+    return _runs_only_loader_code(ds._parent)  # pylint: disable=protected-access
   if isinstance(ds, map_lib.BatchMapDataset):
     safe = ds._batch_fn is batching.make_batch  # pylint: disable=protected-access
   else:
@@ -667,7 +670,7 @@ class MultiprocessChunkProducer:
       c = self._add_chunk(_LOCAL)
       start, stop, _ = self._chunks[c]
       self._chunks[c] = (start, stop, self._pool.submit(self._leaf, self._gen, c, start, stop,
-                                                        getattr(self._ds, "origin", 0)))
+                                                        realign.origin_of(self._ds)))
 
   def next_chunk(self) -> engine.Chunk | None:
     engine.check_same_process(self._pool.pid)

@@ -113,6 +113,11 @@ class RealignedMapDataset(map_dataset_lib.MapDataset):
     return stop
 
 
+def origin_of(ds: Any) -> int:
+  """Where the batches of `ds` start: a RealignedMapDataset's origin, else 0."""
+  return ds.origin if isinstance(ds, RealignedMapDataset) else 0
+
+
 # Set on an exception raised for a batch of a RealignedMapDataset: where the
 # stream goes on (an attribute, so it travels with the exception from workers).
 _RESUME_AT = "_loader_resume_at"

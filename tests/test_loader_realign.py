@@ -93,9 +93,11 @@ def test_data_loader_with_workers_gives_the_in_process_stream():
     assert sum(isinstance(x, str) and x.startswith("bad") for x in in_process) == 2 * 81
 
 
-def test_dataset_batch_folded_over_a_failing_source_as_grain():
-  # Grain's to_iter_dataset() raises IndexError once the stream ends after an
-  # error (its prefetch buffer); the elements before that are compared.
+def test_dataset_batch_over_a_failing_source_as_grain():
+  # A user's source may return None, so this batch runs element by element
+  # (the DataLoader tests above cover the folded batch). Grain's
+  # to_iter_dataset() raises IndexError once the stream ends after an error
+  # (its prefetch buffer); the elements before that are compared.
   def make(g):
     return g.MapDataset.source(FailingSource(13)).to_iter_dataset(
         g.ReadOptions(num_threads=1, prefetch_buffer_size=1)).batch(3)
