@@ -218,3 +218,36 @@ def test_legacy_operations_end_the_stream_at_their_first_error_as_in_grain(name)
   assert ours == theirs
   ends = isinstance(theirs[-1], str) and theirs[-1].startswith("PyGrain encountered an error when calling")
   assert ends == (name != "map_then_transform")
+
+
+def test_next_index_inside_a_batch_counts_batches_begun_as_grain():
+  import grain  # pylint: disable=g-import-not-at-top
+
+  counts = []
+  for g in (grain, loader):
+    it = iter(g.MapDataset.range(20).to_iter_dataset().batch(4))
+    it.set_state({"next_index": 10})
+    counts.append((g.experimental.get_next_index(it), next(it).tolist(), g.experimental.get_next_index(it)))
+  assert counts[0] == counts[1] == (3, [10, 11, 12, 13], 4)
+
+
+class _Tiles(loader.MapDataset):
+  """A user's dataset with an `origin` of its own (a bucket URL): not a realigned view's."""
+
+  def __init__(self, origin):
+    super().__init__()
+    self.origin = origin
+
+  def __len__(self):
+    return 10
+
+  def __getitem__(self, i):
+    return int(i)
+
+
+def test_a_user_dataset_with_its_own_origin_attribute():
+  it = iter(_Tiles("gs://bucket/tiles").to_iter_dataset())
+  assert next(it) == 0 and loader.experimental.get_next_index(it) == 1
+  ds = _Tiles(np.array([47.3, 8.5])).to_iter_dataset().mp_prefetch(loader.MultiprocessingOptions(num_workers=1))
+  with iter(ds) as it:
+    assert list(it) == list(range(10))
