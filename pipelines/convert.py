@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Sequence
 
 if __name__ == "__main__":  # `python -m`: run as the console script (a missing extra, Ctrl-C at start-up: one line).
   from pipelines import entry_points  # pylint: disable=g-import-not-at-top
   entry_points.run_as_script(__spec__)
 
-import apache_beam as beam
 
 from converter import expand_patterns, read_manifest
 from converter.guard import ConversionGuard
-from pipelines import build, cli, progress, workers
+from pipelines import build, cli, local_run, workers
 
 PROG = "arrayrecord-convert"
 
@@ -85,23 +83,14 @@ def run(argv: Sequence[str] | None = None) -> dict:
   options = cli.converter_options(args)
   files = expand_patterns(args.input, skip_under=args.output)
   guard = ConversionGuard(files, options)  # Checks, locks the output dir, plans: before any work.
-  plans = guard.plans
-  todo = sum(p.action == "convert" for p in plans)
-  shards = progress.shards(plans)
-  local = workers.decide(args.workers, [s.size for s in shards], beam_args)
-  opts = build.pipeline_options([*beam_args, *local.beam_flags])
-  if not args.quiet:
-    print(f"Converting {todo} of {len(plans)} file(s) to {options.output_dir} "
-          f"(writer options {options.writer_options!r}, runner "
-          f"{opts.get_all_options()['runner']}, {local.mode})...", flush=True)
-  tied = workers.TiedWorkers(keep_fds=[guard.lock_fd], on_death=guard.worker_died)
-  guard.on_stop.append(tied.stop)
-  start = time.monotonic()
-  with guard, progress.watch(shards, quiet=args.quiet), cli.worker_stderr_held_back(local.workers), \
-      tied, beam.Pipeline(runner=local.runner(opts), options=opts) as p:
-    build.add_conversion(p, options, files=files)
+  todo = sum(p.action == "convert" for p in guard.plans)
+  seconds, local = local_run.run(
+      guard, args, beam_args,
+      lambda runner, mode: (f"Converting {todo} of {len(guard.plans)} file(s) to {options.output_dir} "
+                            f"(writer options {options.writer_options!r}, runner {runner}, {mode})..."),
+      lambda p: build.add_conversion(p, options, files=files))
   manifest = read_manifest(options.output_dir)
-  manifest["_seconds"] = time.monotonic() - start
+  manifest["_seconds"] = seconds
   manifest["_workers"] = local.summary
   return manifest
 

@@ -45,7 +45,7 @@ from converter.naming import output_path
 from loader import ondisk
 from loader import tfds as _layout
 from converter.guard import ConversionGuard
-from pipelines import build, cli, convert, progress, verify, workers
+from pipelines import build, cli, convert, local_run, progress, verify, workers
 
 PROG = "arrayrecord-tfds"
 INPUT_FORMAT = "tfrecord"
@@ -466,6 +466,67 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
   guard = ConversionGuard(plan.inputs, options, plan=lambda _, o: check_inputs_and_outputs(plan, o))
   shard_plans = guard.plans
   todo = sum(s.action == "convert" for s in shard_plans)
+  mode = "in place" if plan.in_place else f"to {plan.out_dir}"
+
+  def add(p: beam.Pipeline) -> None:
+    _retract_array_record_format(plan, shard_plans)
+    add_tfds_conversion(p, plan, options)
+
+  seconds, local = local_run.run(
+      guard, args, beam_args,
+      lambda runner, workers_mode: (f"Converting {todo} of {len(shard_plans)} shard(s) of TFDS dataset "
+                                    f"{plan.info['name']!r} ({plan.dataset_dir}) {mode} (writer options "
+                                    f"{options.writer_options!r}, runner {runner}, {workers_mode})..."),
+      add)
+  manifest = read_manifest(plan.out_dir) or {}
+  expected = {s["output"]: s for s in manifest.get("shards", [])}
+  pairs = [(i, o) for s in plan.splits for i, o in zip(s.inputs, s.outputs)]
+  with concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
+    return list(pool.map(
+        lambda io: verify.check_shard(io[0], io[1], expected.get(io[1]), compression), pairs))
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = cli.ArgumentParser(
+      prog=PROG, allow_abbrev=False,
+      description="Convert a prepared TFDS dataset from TFRecord to TFDS's ArrayRecord format "
+      "with Apache Beam (DirectRunner unless --runner says otherwise). Unknown flags go to Beam.")
+  p.add_argument("--dataset_dir", "--dataset-dir", dest="dataset_dir", required=True,
+                 metavar="DIR", help="One dataset version folder, the one with "
+                 "dataset_info.json (e.g. ~/tensorflow_datasets/mnist/3.0.1).")
+  p.add_argument("--out_dir", "--out-dir", dest="out_dir", metavar="OUT",
+                 help="Folder for the ArrayRecord dataset. Default: DIR itself (adds "
+                 "array_record as an alternative file format; TFRecords stay).")
+  cli.add_converter_flags(p, io=False)
+  p.add_argument("--verify", action="store_true",
+                 help="Afterwards re-read every shard pair and compare record digests.")
+  workers.add_flag(p)
+  p.add_argument("--quiet", action="store_true",
+                 help="Print only the summary (no progress line).")
+  return p
+
+
+def _summary(plan: TfdsPlan) -> str:
+  info = _layout.read_dataset_info(plan.out_dir)  # As written: shard lengths may have changed.
+  splits = ", ".join(
+      f"{name}: {sum(_layout.shard_lengths(info, name)):,} records in "
+      f"{len(_layout.shard_lengths(info, name))} shard(s)" for name in _layout.split_names(info))
+  load = f"Load it with tfds.builder_from_directory({plan.out_dir!r}).as_data_source(split)."
+  if plan.in_place:
+    return (f"Added {_layout.ARRAY_RECORD} to the file formats of {plan.dataset_dir} "
+            f"({splits}).\n{load}")
+  return f"TFDS dataset in {_layout.ARRAY_RECORD} format: {plan.out_dir} ({splits}).\n{load}"
+
+
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  """Runs the conversion; returns the manifest (plus `_plan`, `_seconds`, `_checks`)."""
+  args, beam_args = _parser().parse_known_args(argv)
+  plan = plan_tfds(args.dataset_dir, args.out_dir)
+  options = tfds_convert_options(plan, cli.converter_options(args, output_dir=plan.out_dir))
+  # Checks, locks the output dir and plans, before any work starts.
+  guard = ConversionGuard(plan.inputs, options, plan=lambda _, o: check_inputs_and_outputs(plan, o))
+  shard_plans = guard.plans
+  todo = sum(s.action == "convert" for s in shard_plans)
   shards = progress.shards(shard_plans)
   local = workers.decide(args.workers, [s.size for s in shards], beam_args)
   opts = build.pipeline_options([*beam_args, *local.beam_flags])
@@ -483,7 +544,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     _retract_array_record_format(plan, shard_plans)
     add_tfds_conversion(p, plan, options)
   manifest = read_manifest(plan.out_dir)
-  manifest["_seconds"] = time.monotonic() - start
+  manifest["_seconds"] = seconds
   manifest["_workers"] = local.summary
   manifest["_plan"] = plan
   manifest["_checks"] = verify_tfds(plan, options.compression) if args.verify else None

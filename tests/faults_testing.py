@@ -111,9 +111,17 @@ def cmdline(pid: int) -> str:
     return ""
 
 
-def run_cli(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(module: str, *args: str, timeout: float = 300,
+            open_files: tuple[int, int] | None = None) -> subprocess.CompletedProcess:
+  """Runs `python -m module args`; `open_files`: its (soft, hard) limit on open files (`ulimit -n`)."""
+
+  def limit() -> None:
+    import resource  # pylint: disable=g-import-not-at-top
+    resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
+
   return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env(),
-                        capture_output=True, text=True, timeout=timeout)
+                        capture_output=True, text=True, timeout=timeout,
+                        preexec_fn=limit if open_files is not None else None)
 
 
 def wait_for(condition: Callable[[], bool], proc: subprocess.Popen | None = None,

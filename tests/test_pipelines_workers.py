@@ -218,3 +218,26 @@ def test_a_corrupt_record_in_a_worker_process_is_one_line_on_stderr(tmp_path):
   line = ft.one_line(proc.stderr)
   assert line.startswith(f"arrayrecord-convert: error: {bad}: record ") and "at byte offset" in line
   assert not any(p.name.endswith(bad.name.split(".tfrecord")[1]) for p in out.glob("*"))
+
+
+def test_a_low_open_file_limit_is_refused_or_raised_before_any_work(tfr, tmp_path):
+  # Beam's workers under `ulimit -n 24` fail to connect ("exited with code 1")
+  # or, with more workers, the run hangs.
+  hard = 24
+  out = tmp_path / "o"
+  proc = ft.run_cli("pipelines.convert", "--input", tfr, "--output", str(out), "--workers", "2", "--quiet",
+                    open_files=(24, hard))
+  assert proc.returncode == 2, proc.stderr
+  assert ft.one_line(proc.stderr) == (
+      "arrayrecord-convert: error: --workers 2 needs at least 96 open files per process, but the limit is 24 "
+      "(ulimit -n); raise it (ulimit -n 4096) or use --workers 1.")
+  assert not out.exists()  # Nothing left behind.
+  # --workers auto converts in process instead; a soft limit below the hard one is raised.
+  for soft_hard, mode in (((24, 24), "in-process (1 worker): auto: the open-file limit (24, ulimit -n) is too low"),
+                          ((24, 4096), "2 worker processes")):
+    out = tmp_path / f"o{soft_hard[1]}"
+    flags = ("--workers", "2") if soft_hard[1] > hard else ()
+    proc = ft.run_cli("pipelines.convert", "--input", tfr, "--output", str(out), *flags, open_files=soft_hard)
+    assert proc.returncode == 0, proc.stderr
+    assert f"Workers: {mode}" in proc.stdout
+    assert len(read_manifest(str(out))["shards"]) > 0
