@@ -38,7 +38,7 @@ import time
 import traceback
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from loader import batching
@@ -120,7 +120,7 @@ def _revived(exc_bytes: bytes | None, where: str) -> BaseException:
 def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_prefix: str,
                  parent_pid: int) -> None:
   """Worker loop: compute requested chunks until told to stop."""
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Already, since its start (see _sigint_ignored_in_children).
   # Sources read in this thread (and, for costly elements, in the part's
   # "loader-map_N" threads; with ReadOptions(num_threads=1) only here). Named
   # like the parent's compute thread (and Grain's reading threads,
@@ -380,6 +380,35 @@ def _spawn_context(run_main: bool = True):
         sys.modules["__main__"] = main
 
 
+@contextlib.contextmanager
+def _sigint_ignored_in_children() -> Iterator[None]:
+  """Workers start with SIGINT ignored (an ignored signal stays ignored across exec).
+
+  A terminal's Ctrl-C goes to the whole process group: a worker still
+  starting (re-running the script's imports) would print a KeyboardInterrupt
+  traceback of its own. The parent handles Ctrl-C and stops its workers. It
+  keeps SIGINT blocked meanwhile, so a Ctrl-C then stays pending (Linux keeps
+  a blocked signal even while it is ignored) and is raised here, as usual,
+  once its handler is back. Only the main thread can change handlers.
+  """
+  if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+  try:
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is None:  # Installed outside Python: it could not be put back.
+      yield
+      return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+      yield
+    finally:
+      signal.signal(signal.SIGINT, handler)
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class _WorkerPool:
   """Worker processes shared by every MapDataset part under one `mp_prefetch`.
 
@@ -442,7 +471,7 @@ class _WorkerPool:
     self._stopping = True
     payload = _dumps((list(zip(self.leaves, self._threads)), self.worker_init_fn))
     ctx = multiprocessing.get_context("spawn")
-    with _spawn_context(self.options.workers_run_main):
+    with _spawn_context(self.options.workers_run_main), _sigint_ignored_in_children():
       for w in range(self.num_workers):
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         proc = ctx.Process(

@@ -835,3 +835,41 @@ def test_a_forked_child_cannot_use_or_stop_its_parents_iterator(workers):
   os.waitpid(pid, 0)
   got += [b.tolist() for b in it]
   assert got == reference
+
+
+_STARTING_WORKERS_SCRIPT = """
+import multiprocessing, os, sys, time
+sys.path.insert(0, {root!r})
+import numpy as np
+import loader
+
+if multiprocessing.parent_process() is not None:
+  time.sleep(3)  # A worker re-running a slow script top (say `import jax`): it is still starting.
+
+def f(x):
+  return np.full(8, x)
+
+if __name__ == "__main__":
+  ds = loader.MapDataset.range(10**6).map(f).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=2))
+  it = iter(ds)
+  it.start_prefetch()
+  print("started", flush=True)
+  next(it)
+"""
+
+
+def test_a_ctrl_c_while_workers_start_prints_only_the_scripts_traceback(tmp_path):
+  # A terminal's Ctrl-C reaches the whole process group: workers still
+  # starting must not print KeyboardInterrupt tracebacks of their own.
+  script = tmp_path / "starting.py"
+  script.write_text(_STARTING_WORKERS_SCRIPT.format(root=_ROOT))
+  proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+  assert proc.stdout.readline().strip() == "started"
+  time.sleep(0.5)
+  os.killpg(proc.pid, signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode != 0
+  assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
+  assert "spawn_main" not in err
