@@ -243,12 +243,16 @@ class DataLoader:
         raise ValueError(f"Grain DataLoader state is for another pipeline: {key} {state[key]!r} != "
                          f"this DataLoader's {' or '.join(map(repr, sorted(mine)))}.")
     if not self._positions_translate():
-      raise ValueError("Cannot resume a Grain DataLoader state in a pipeline with a FlatMap or a custom "
-                       "Operation: Grain's positions there do not map onto loader's.")
+      raise ValueError("Cannot resume a Grain DataLoader state in a pipeline with a FlatMap: Grain's positions "
+                       "there do not map onto loader's.")
 
   def _positions_translate(self) -> bool:
-    """Whether Grain's record positions map onto ours (not through a FlatMap or custom Operation)."""
-    return not any(op.kind in ("flat_map", "operation") for op in self._operations)
+    """Whether Grain's record positions map onto ours (not through a FlatMap).
+
+    A custom Operation's position is the records it pulled, in both (what it
+    buffered is lost on a restore, in both).
+    """
+    return not any(op.kind == "flat_map" for op in self._operations)
 
   def _grain_consumed(self, state: dict[str, Any]) -> int:
     """Records of this shard that Grain's position keys say were consumed.
