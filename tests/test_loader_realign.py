@@ -31,6 +31,17 @@ def _stream(it, n=None):
   return [_plain(x) for x in take_with_errors(it, n, errors=ValueError)]
 
 
+def _states_and_stream(it):
+  """The state before each next() (a caught error is a step too) and the stream, to the end."""
+  states, stream = [], []
+  while True:
+    states.append(it.get_state())
+    step = _stream(it, 1)
+    if not step:
+      return states, stream
+    stream += step
+
+
 def _fails(x: int) -> bool:
   return x % 5 == 1 or x == 14
 
@@ -111,14 +122,8 @@ def test_restore_at_every_step_after_failures():
   """States taken between failures resume the same stream, in process and with workers, as Grain's do."""
   ops = DATA_LOADER_OPS["batch4"]
   for workers in (0, 2):
-    states, stream = [], []
     with iter(_data_loader(lp, ops, n=40, worker_count=workers)) as it:
-      while True:
-        states.append(it.get_state())
-        x = _stream(it, 1)
-        if not x:
-          break
-        stream += x
+      states, stream = _states_and_stream(it)
     for k in range(len(states)):
       with iter(_data_loader(lp, ops, n=40)) as restored:
         restored.set_state(states[k])
@@ -138,13 +143,7 @@ def test_dataset_states_between_failures_restore():
   def make():
     return loader.MapDataset.source(FailingSource(30)).to_iter_dataset().batch(4)
 
-  it, states, stream = iter(make()), [], []
-  while True:
-    states.append(it.get_state())
-    x = _stream(it, 1)
-    if not x:
-      break
-    stream += x
+  states, stream = _states_and_stream(iter(make()))
   assert [2, 3, 4, 5] in stream and [7, 8, 9, 10] in stream
   for k, state in enumerate(states):
     restored = iter(make())
