@@ -175,8 +175,8 @@ def compute_chunk(ds: map_dataset_lib.MapDataset, start: int, stop: int) -> tupl
     try:
       elements.append(ds._getitems(np.array([i], dtype=np.int64))[0])  # pylint: disable=protected-access
     except Exception as e:  # pylint: disable=broad-except
-      realign.note_resume(ds, e, i)  # Where the computing side can tell (workers run the user's setup).
-      return elements, e
+      # Where the computing side can tell (workers run the user's setup).
+      return elements, realign.note_resume(ds, e, i)
   return elements, None
 
 

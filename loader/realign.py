@@ -94,13 +94,14 @@ class RealignedMapDataset(map_dataset_lib.MapDataset):
   def _getitems_array(self, indices: np.ndarray) -> Any:
     return self._parent._getitems_array(indices)  # pylint: disable=protected-access
 
-  def resume_after_failure(self, k: int) -> int:
-    """The input element the stream goes on at after batch `k` failed.
+  def resume_after_failure(self, k: int) -> tuple[int, Exception | None]:
+    """The input element the stream goes on at after batch `k` failed, and that element's error.
 
     The one after the first of the batch's elements that fails alone (as in
-    Grain, the ones gathered before it are dropped with it), or after the
-    whole batch if none does (a batch_fn or a later map failed; with nested
-    batches Grain would go on after the inner batch that failed).
+    Grain, the ones gathered before it are dropped with it; its error is the
+    one Grain raises, even where a later element fails in an earlier stage),
+    or after the whole batch if none does (a batch_fn or a later map failed;
+    with nested batches Grain would go on after the inner batch that failed).
     """
     first = self.origin + k * self.unit
     stop = min(first + self.unit, self.input_len)
@@ -108,9 +109,9 @@ class RealignedMapDataset(map_dataset_lib.MapDataset):
     for i in range(first, stop):
       try:
         inputs._getitems(np.array([i], dtype=np.int64))  # pylint: disable=protected-access
-      except Exception:  # pylint: disable=broad-except
-        return i + 1
-    return stop
+      except Exception as e:  # pylint: disable=broad-except
+        return i + 1, e
+    return stop, None
 
 
 def origin_of(ds: Any) -> int:
@@ -123,13 +124,20 @@ def origin_of(ds: Any) -> int:
 _RESUME_AT = "_loader_resume_at"
 
 
-def note_resume(ds: Any, error: BaseException, k: int) -> None:
-  """Records on `error` (raised for element `k` of `ds`) where a realigned stream goes on."""
+def note_resume(ds: Any, error: Exception, k: int) -> Exception:
+  """The error to raise for element `k` of `ds`, noting where a realigned stream goes on.
+
+  That is the error of the batch's first failing element, as Grain's batch
+  iterator raises it, else `error`.
+  """
   if isinstance(ds, RealignedMapDataset):
+    at, first_error = ds.resume_after_failure(k)
     try:
-      setattr(error, _RESUME_AT, ds.resume_after_failure(k))
+      setattr(first_error or error, _RESUME_AT, at)
     except Exception:  # pylint: disable=broad-except  # E.g. an exception type with __slots__: whole batch.
-      pass
+      return error
+    return first_error or error
+  return error
 
 
 def resume_at(error: BaseException) -> int | None:

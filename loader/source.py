@@ -886,6 +886,8 @@ class BatchedSource:
       if kept and kept[0][0] == i:
         record = kept.popleft()[1]
         if isinstance(record, _Raised):
+          if noted is not None:
+            noted.append((i, record))  # Kept again if this try fails too: a later retry raises here as well.
           raise record.error  # Where the stream raised on the first try: the retry raises there too.
       else:
         kept.clear()

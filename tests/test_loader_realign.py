@@ -250,3 +250,31 @@ def test_a_user_dataset_with_its_own_origin_attribute():
   ds = _Tiles(np.array([47.3, 8.5])).to_iter_dataset().mp_prefetch(loader.MultiprocessingOptions(num_workers=1))
   with iter(ds) as it:
     assert list(it) == list(range(10))
+
+
+class FailsOnZero(gp.MapTransform):
+  """Fails on record 0, after FailsOnTwo's stage (which fails on record 2)."""
+
+  def map(self, x):
+    if int(x) == 0:
+      raise ValueError("B bad 0")
+    return x
+
+
+class FailsOnTwo(gp.MapTransform):
+
+  def map(self, x):
+    if int(x) == 2:
+      raise ValueError("A bad 2")
+    return x
+
+
+def test_a_batch_raises_its_first_failing_records_error_as_grain():
+  # Computed stage by stage, the batch meets record 2's error first; Grain
+  # gathers record by record and raises record 0's, then goes on after it.
+  ops = lambda g: [FailsOnTwo(), FailsOnZero(), g.Batch(3)]  # pylint: disable=unnecessary-lambda-assignment
+  theirs = _stream(iter(_data_loader(gp, ops, n=6)))
+  assert theirs == ["B bad 0", "A bad 2", [3, 4, 5]]
+  assert _stream(iter(_data_loader(lp, ops, n=6))) == theirs
+  with iter(_data_loader(lp, ops, n=6, worker_count=2)) as it:
+    assert _stream(it) == theirs

@@ -427,3 +427,39 @@ def test_a_streaming_source_with_reading_threads_loses_no_record_after_a_map_err
   ours = run(loader, num_threads)
   assert ours == [f"bad {x}" if x % 37 == 30 else x for x in range(400)]
   assert ours == run(grain, 1)  # One reading thread: Grain reads the stream in order too.
+
+
+class _StreamFailingOnItsEighthRead:
+  """A stream (ignores the index) whose 8th read fails."""
+
+  def __init__(self):
+    self._reads = 0
+
+  def __len__(self):
+    return 10
+
+  def __getitem__(self, index):
+    self._reads += 1
+    if self._reads == 8:
+      raise ValueError(f"stream bad {self._reads - 1}")
+    return self._reads - 1
+
+
+def test_a_streaming_sources_error_after_a_map_error_is_raised_as_in_grain():
+  # The records (and the read error) the failed chunk read are kept for the
+  # retries: the source's error is raised where Grain raises it, not lost.
+  import grain  # pylint: disable=g-import-not-at-top
+
+  def map_fails_on_4(x):
+    if x == 4:
+      raise ValueError("map bad 4")
+    return x
+
+  def run(lib):
+    ds = lib.MapDataset.source(_StreamFailingOnItsEighthRead()).map(map_fails_on_4).to_iter_dataset(
+        lib.ReadOptions(num_threads=1, prefetch_buffer_size=1))
+    return take_with_errors(iter(ds), 10, errors=(ValueError, IndexError))
+
+  ours = run(loader)
+  assert ours == [0, 1, 2, 3, "map bad 4", 5, 6, "stream bad 7", 8, 9]
+  assert run(grain) == ours
