@@ -336,8 +336,6 @@ class Pipeline:
   Attributes:
     dataset: The IterDataset to iterate.
     num_positions: Sampler positions of this shard.
-    prefix_len: Length of the MapDataset the operations were folded into;
-      the engine's position ("next_index") indexes it.
     records_per_position: Sampler positions per folded position (the product
       of the folded batch sizes).
     realigns: Whether the folded batch may start at any record (see
@@ -346,7 +344,6 @@ class Pipeline:
 
   dataset: iter_dataset.IterDataset
   num_positions: int
-  prefix_len: int
   records_per_position: int
   realigns: bool = False
 
@@ -379,7 +376,6 @@ def build(data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, 
     if op.kind == "batch":
       batches.append(ds)
     rest.pop(0)
-  prefix_len = len(ds)
   # Positions count records, as Grain's batch iterator does (and as
   # to_iter_dataset().batch() folded does): a batch may start at any record.
   it_ds = iter_dataset.MapBackedIterDataset(ds, read_options=read_options, unit=records_per_position,
@@ -393,4 +389,4 @@ def build(data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, 
     it_ds = it_ds.mp_prefetch(mp_options)
     it_ds._parent_reads_first_chunk = False  # pylint: disable=protected-access  # As Grain's DataLoader.
   realigns = bool(batches) and realign.realignable(ds, batches[0])
-  return Pipeline(it_ds, num_positions, prefix_len, records_per_position, realigns)
+  return Pipeline(it_ds, num_positions, records_per_position, realigns)

@@ -716,9 +716,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
 
   def _origin(self) -> int:
     """The element the current view's first batch starts at (see loader.realign)."""
-    return self._origin_of(self._ds)
-
-  _origin_of = staticmethod(realign.origin_of)
+    return realign.origin_of(self._ds)
 
   def set_state(self, state: dict[str, Any]) -> None:
     counts = []
@@ -773,7 +771,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
       # position, never reporting one and yielding from another.
       self._buffer, self._buffer_start, self._pos = [], here, 0
       if view is not here_view:
-        self._producer.realign(self._origin_of(here_view))
+        self._producer.realign(realign.origin_of(here_view))
         self._ds, self._len = here_view, len(here_view)
       self._producer.reset(here)
       raise
