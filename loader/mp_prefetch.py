@@ -95,6 +95,11 @@ def _dumps(obj: Any) -> bytes:
     raise
 
 
+# Tasks a worker may have queued (see _WorkerPool.submit): far fewer than its
+# pipe holds, more than the parts sharing it keep in flight.
+_MAX_QUEUED_TASKS = 32
+
+
 def _describe(error: BaseException) -> tuple[str, bytes | None]:
   """Traceback text and, if picklable, the exception itself."""
   text = "".join(traceback.format_exception(error))
@@ -505,6 +510,12 @@ class _WorkerPool:
     `origin`: where the part's batches start (a RealignedMapDataset's; see loader.realign).
     """
     w = min(range(self.num_workers), key=self.load.__getitem__)
+    while len(self._tasks[w]) >= _MAX_QUEUED_TASKS:
+      # Tasks of older generations (restores, realigns after failures) are
+      # still queued there: read its results first (kept for their parts;
+      # stale ones are dropped there), or the worker, blocked sending them,
+      # would stop reading while this send waits on its full pipe.
+      self._stash[w].append(self._read(w))
     released, self._released[w] = self._released[w], []
     # Recorded before sending: a worker found dead by this send never returns these positions either.
     self._tasks[w].append((leaf, gen, c, start, stop))
@@ -544,6 +555,18 @@ class _WorkerPool:
           return msg
         self.release(w, msg[_DESC])  # An older generation of this part: dropped.
         return self.receive(w, leaf, gen)
+    while True:
+      msg = self._read(w)
+      if msg[1] != leaf:
+        stash.append(msg)
+        continue
+      if msg[2] != gen:
+        self.release(w, msg[_DESC])
+        continue
+      return msg
+
+  def _read(self, w: int) -> tuple:
+    """The next result message of worker `w` (waiting for it)."""
     conn, proc = self.conns[w], self.procs[w]
     while True:
       try:
@@ -562,12 +585,6 @@ class _WorkerPool:
       if msg[0] == "fatal":
         raise _revived(msg[2], f"Worker {w} (pid {proc.pid}) failed to start:\n{msg[1]}")
       self._answered(w, msg)
-      if msg[1] != leaf:
-        stash.append(msg)
-        continue
-      if msg[2] != gen:
-        self.release(w, msg[_DESC])
-        continue
       return msg
 
   def _answered(self, w: int, msg: tuple) -> None:
@@ -698,8 +715,13 @@ class MultiprocessChunkProducer:
     while self._next_request < limit and self._next_start < self._len:
       c = self._add_chunk(_LOCAL)
       start, stop, _ = self._chunks[c]
-      self._chunks[c] = (start, stop, self._pool.submit(self._leaf, self._gen, c, start, stop,
-                                                        realign.origin_of(self._ds)))
+      try:
+        w = self._pool.submit(self._leaf, self._gen, c, start, stop, realign.origin_of(self._ds))
+      except BaseException:  # E.g. a Ctrl-C while submit read a worker's results: not sent, asked again.
+        del self._chunks[c]
+        self._next_start, self._next_request = start, c
+        raise
+      self._chunks[c] = (start, stop, w)
 
   def next_chunk(self) -> engine.Chunk | None:
     engine.check_same_process(self._pool.pid)
@@ -811,6 +833,11 @@ class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
       options = options_lib.MultiprocessingOptions(num_workers=_DEFAULT_NUM_WORKERS)
     if not isinstance(options, options_lib.MultiprocessingOptions):
       raise TypeError(f"mp_prefetch expects loader.MultiprocessingOptions (got {options!r}).")
+    if options.num_workers > 0 and options.per_worker_buffer_size < 1:
+      size = options.per_worker_buffer_size
+      raise ValueError(f"`buffer_size` must be greater than 0, got {size}. (Grain's words: mp_prefetch with "
+                       f"num_workers={options.num_workers} needs per_worker_buffer_size >= 1, or a DataLoader "
+                       "with workers worker_buffer_size >= 1.)")
     self._options = options
     self._worker_init_fn = worker_init_fn
     # The parent computes the first chunk itself while its workers start (a

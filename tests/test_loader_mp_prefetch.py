@@ -877,3 +877,42 @@ def test_a_ctrl_c_while_workers_start_prints_only_the_scripts_traceback(tmp_path
   assert out == "" and proc.returncode != 0, (out, err)
   assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
   assert "spawn_main" not in err
+
+
+_MANY_FAILURES_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+import loader.python as lp
+
+class BigFail(lp.MapTransform):
+  def map(self, x):
+    if x % 3 == 1:  # Each failure realigns the batches: earlier tasks go stale, still queued in the workers.
+      raise ValueError(f"bad {{x}} " + "x" * 200_000)  # Results bigger than a pipe holds.
+    return x
+
+def stream(worker_count):
+  sampler = lp.IndexSampler(1500, lp.NoSharding(), shuffle=False, num_epochs=1, seed=0)
+  dl = lp.DataLoader(data_source=list(range(1500)), sampler=sampler, operations=[BigFail(), lp.Batch(2)],
+                     worker_count=worker_count)
+  out, it = [], iter(dl)
+  while True:
+    try:
+      out.append(next(it).tolist())
+    except StopIteration:
+      return out
+    except ValueError as e:
+      out.append(str(e)[:8])
+
+if __name__ == "__main__":
+  print(stream(0) == stream(2), flush=True)
+"""
+
+
+def test_many_failures_in_workers_do_not_deadlock_the_pipes(tmp_path):
+  # Each failure sent new tasks while the stale ones were still queued; a
+  # worker blocked sending a big result stopped reading, and the parent's
+  # next send then waited on its full pipe for ever.
+  script = tmp_path / "many_failures.py"
+  script.write_text(_MANY_FAILURES_SCRIPT.format(root=_ROOT))
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-3000:]
