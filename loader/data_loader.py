@@ -127,7 +127,7 @@ def _as_read_options(value: Any) -> options_lib.ReadOptions:
 
 def _multiprocessing_options(worker_count: int, worker_buffer_size: int,
                              enable_profiling: bool) -> options_lib.MultiprocessingOptions:
-  kwargs: dict[str, Any] = {"num_workers": worker_count, "per_worker_buffer_size": max(1, worker_buffer_size)}
+  kwargs: dict[str, Any] = {"num_workers": worker_count, "per_worker_buffer_size": worker_buffer_size}
   if "enable_profiling" in {f.name for f in dataclasses.fields(options_lib.MultiprocessingOptions)}:
     kwargs["enable_profiling"] = enable_profiling
   return options_lib.MultiprocessingOptions(**kwargs)
@@ -370,7 +370,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     grain_keys = {} if consumed is None else loader._grain_position(consumed)  # pylint: disable=protected-access
     state = {**grain_keys, **loader._fingerprint(),  # pylint: disable=protected-access
              "format": _STATE_FORMAT, _STATE_VERSION_KEY: _STATE_VERSION, "dataset": dataset_state}
-    return json.dumps(state, indent=1).encode()
+    return json.dumps(state, indent=4).encode()
 
   def set_state(self, state: bytes) -> None:
     """Moves to `state`: from this pipeline's `get_state()` (any worker count) or Grain's DataLoader."""

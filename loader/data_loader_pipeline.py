@@ -95,6 +95,25 @@ class _BatchRecords:
     return record.Record(records[-1].metadata.remove_record_key(), checks.call_user(self.batch_fn, [r.data for r in records]))
 
 
+class _EndsStream:
+  """Runs `fn`; its errors end the DataLoader's stream (a legacy operation comes after it).
+
+  Grain's legacy Map/RandomMap/FilterOperations are generators: an error
+  from any stage before one passes through it and ends it, so the stream
+  ends there too (see DataLoaderIterator).
+  """
+
+  def __init__(self, fn: Callable[..., Any]):
+    self.fn = fn
+    self.__name__ = checks.fn_name(fn)
+
+  def __call__(self, *args: Any) -> Any:
+    try:
+      return self.fn(*args)
+    except Exception as e:
+      raise ops.ends_stream(e)
+
+
 def record_data(r: record.Record) -> Any:
   return r.data
 
@@ -169,19 +188,30 @@ def resolve(op: Any, position: int) -> Op:
   raise TypeError(f"{what} is {op!r}; expected {_VALID_OPERATIONS}.")
 
 
-def apply(ds: Any, op: Op, lean: bool) -> Any:
-  """`ds` (MapDataset or IterDataset) with `op` applied, on elements or on records."""
+def apply(ds: Any, op: Op, lean: bool, ends_stream: bool = False) -> Any:
+  """`ds` (MapDataset or IterDataset) with `op` applied, on elements or on records.
+
+  `ends_stream`: a legacy operation comes later, so errors here end the stream (see _EndsStream).
+  """
+  mark = _EndsStream if ends_stream and not is_legacy(op) else lambda fn: fn
   if op.kind == "batch":
-    return ds.batch(op.batch_size, drop_remainder=op.drop_remainder, batch_fn=op.fn if lean else _BatchRecords(op.fn))
+    return ds.batch(op.batch_size, drop_remainder=op.drop_remainder,
+                    batch_fn=op.fn if lean else mark(_BatchRecords(op.fn)))
   if op.kind == "filter":
-    return ds.filter(op.fn if lean or isinstance(op.fn, _LegacyFilter) else _FilterData(op.fn))
+    return ds.filter(op.fn if lean or isinstance(op.fn, _LegacyFilter) else mark(_FilterData(op.fn)))
   if op.kind == "flat_map":
-    return flatmap.FlatMapIterDataset(ds, _SplitRecord(op.fn, op.max_fan_out))
+    return flatmap.FlatMapIterDataset(ds, mark(_SplitRecord(op.fn, op.max_fan_out)))
   if op.kind == "operation":
     return OperationIterDataset(ds, op.fn)
   if lean or isinstance(op.fn, _LegacyMap):
     return ds.map(op.fn)
-  return ds.map({"map": _MapData, "random_map": _RandomMapData, "map_with_index": _MapDataWithIndex}[op.kind](op.fn))
+  return ds.map(mark({"map": _MapData, "random_map": _RandomMapData, "map_with_index": _MapDataWithIndex}[op.kind](
+      op.fn)))
+
+
+def is_legacy(op: Op) -> bool:
+  """Whether `op` is a legacy Map/RandomMap/FilterOperation (a generator in Grain: its errors end the stream)."""
+  return isinstance(op.fn, (_LegacyMap, _LegacyFilter))
 
 
 # ---- Sequential stages -----------------------------------------------------
@@ -278,9 +308,10 @@ class SamplerMapDataset(map_dataset.MapDataset):
   """Position p of this shard -> Record of sampler index p * shard_count + shard_index."""
 
   def __init__(self, data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, *, with_rng: bool,
-               lean: bool):
+               lean: bool, ends_stream: bool = False):
     super().__init__(map_dataset.MapDataset.source(data_source))
     self._lean = lean  # Plain elements instead of Records.
+    self._ends_stream = ends_stream  # Read errors end the stream (a legacy operation follows; see _EndsStream).
     self._sampler = sampler
     self._shard_index = shard_options.shard_index
     self._shard_count = shard_options.shard_count
@@ -305,6 +336,14 @@ class SamplerMapDataset(map_dataset.MapDataset):
     return f".sampler({self._sampler!r}, shard={self._shard_index}/{self._shard_count})"
 
   def _getitems(self, indices: np.ndarray) -> list[Any]:
+    if not self._ends_stream:
+      return self._read(indices)
+    try:
+      return self._read(indices)
+    except Exception as e:
+      raise ops.ends_stream(e)
+
+  def _read(self, indices: np.ndarray) -> list[Any]:
     global_indices = indices * self._shard_count + self._shard_index
     if self._batched and self._lean:
       return self._parent._getitems(self._sampler._keys_of(global_indices))  # pylint: disable=protected-access
@@ -359,30 +398,35 @@ def build(data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, 
   lean = all(op.kind in ("map", "filter", "batch") and not isinstance(op.fn, (_LegacyMap, _LegacyFilter))
              for op in operations)
   with_rng = any(op.kind in ("random_map", "operation") for op in operations)
-  ds = SamplerMapDataset(data_source, sampler, shard_options, with_rng=with_rng, lean=lean)
+  # Errors before the last legacy operation end the stream, as in Grain (see _EndsStream).
+  ends_before = max((i for i, op in enumerate(operations) if is_legacy(op)), default=-1)
+  ds = SamplerMapDataset(data_source, sampler, shard_options, with_rng=with_rng, lean=lean,
+                         ends_stream=ends_before >= 0)
   num_positions = len(ds)
   records_per_position = 1
   may_have_holes = False
   batches = []  # The folded batches: they realign from the first (see loader.realign).
-  rest = list(operations)
-  while rest and rest[0].kind in ("map", "random_map", "map_with_index", "filter", "batch"):
-    op = rest[0]
+  rest = list(enumerate(operations))
+  while rest and rest[0][1].kind in ("map", "random_map", "map_with_index", "filter", "batch"):
+    i, op = rest[0]
     if op.kind == "batch":
       if may_have_holes:
         break  # A MapDataset cannot batch around filtered-out holes.
       records_per_position *= op.batch_size
     may_have_holes |= op.kind == "filter"
-    ds = apply(ds, op, lean)
+    ds = apply(ds, op, lean, ends_stream=i < ends_before)
     if op.kind == "batch":
       batches.append(ds)
+    else:  # Grain runs operations on its iterator: in order (see map_dataset.in_order).
+      ds = map_dataset.in_order_stage(ds)
     rest.pop(0)
   # Positions count records, as Grain's batch iterator does (and as
   # to_iter_dataset().batch() folded does): a batch may start at any record.
   it_ds = iter_dataset.MapBackedIterDataset(ds, read_options=read_options, unit=records_per_position,
                                             unit_len=num_positions,
                                             unit_batch=batches[0] if batches else None)
-  for op in rest:
-    it_ds = apply(it_ds, op, lean)
+  for i, op in rest:
+    it_ds = apply(it_ds, op, lean, ends_stream=i < ends_before)
   if not lean:
     it_ds = it_ds.map(record_data)
   if mp_options.num_workers > 0:

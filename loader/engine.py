@@ -330,8 +330,10 @@ class ChunkComputer:
 
   def __init__(self, ds: map_dataset_lib.MapDataset, num_threads: int, *, cores_share: int | None = None):
     self._ds = ds
-    # A stream is read in order, one element after the other (see map_dataset.streams).
-    self._threads = min(max(0, num_threads), 1 if map_dataset_lib.streams(ds) else num_threads)
+    # A stream is read in order, one element after the other (see map_dataset.streams), and an
+    # iterator-level function sees its elements so (see map_dataset.in_order): chunks stay whole.
+    whole = map_dataset_lib.streams(ds) or map_dataset_lib.in_order(ds)
+    self._threads = min(max(0, num_threads), 1 if whole else num_threads)
     self._cores = max(1, cores_share if cores_share is not None else available_cores())
     self._read_threads = min(reading_threads(num_threads), 2 * self._cores) if num_threads > 0 else 1
     self._records = max(1, ds._records_per_element)  # pylint: disable=protected-access

@@ -143,7 +143,7 @@ class IterDataset(grain_interop.IterDataset, Generic[T], metaclass=_IterDatasetM
     fn = checks.resolve_fn(transform, "map", "map()")
     base = self._random_access()
     if base is not None:
-      return base.rebase(base.map_dataset.map(fn))
+      return base.rebase(map_dataset_lib.in_order_stage(base.map_dataset.map(fn)))
     return sequential.MapIterDataset(self, fn)
 
   def random_map(self, transform: Callable[[T, np.random.Generator], S], *, seed: int | None = None) -> IterDataset[S]:
@@ -156,7 +156,8 @@ class IterDataset(grain_interop.IterDataset, Generic[T], metaclass=_IterDatasetM
       # Stream position == MapDataset index here, so the generators are Grain's
       # (unless a map returned None, which Grain's to_iter_dataset() drops:
       # positions then count it here; see README).
-      return base.rebase(base.map_dataset.random_map(fn, seed=seed), grain_layer="index_for_rng")
+      return base.rebase(map_dataset_lib.in_order_stage(base.map_dataset.random_map(fn, seed=seed)),
+                         grain_layer="index_for_rng")
     return sequential.RandomMapIterDataset(self, fn, seed)
 
   def map_with_index(self, transform: Callable[[int, T], S]) -> IterDataset[S]:
@@ -164,7 +165,7 @@ class IterDataset(grain_interop.IterDataset, Generic[T], metaclass=_IterDatasetM
     fn = checks.resolve_fn(transform, "map_with_index", "map_with_index()")
     base = self._random_access()
     if base is not None and not base.map_dataset._may_contain_none:  # pylint: disable=protected-access
-      return base.rebase(base.map_dataset.map_with_index(fn), grain_layer="counter")
+      return base.rebase(map_dataset_lib.in_order_stage(base.map_dataset.map_with_index(fn)), grain_layer="counter")
     return sequential.MapWithIndexIterDataset(self, fn)
 
   def filter(self, transform: Callable[[T], bool]) -> IterDataset[T]:
@@ -172,7 +173,7 @@ class IterDataset(grain_interop.IterDataset, Generic[T], metaclass=_IterDatasetM
     fn = checks.resolve_fn(transform, "filter", "filter()")
     base = self._random_access()
     if base is not None:
-      return base.rebase(base.map_dataset.filter(fn))
+      return base.rebase(map_dataset_lib.in_order_stage(base.map_dataset.filter(fn)))
     return sequential.FilterIterDataset(self, fn)
 
   def batch(self, batch_size: int, *, drop_remainder: bool = False,

@@ -104,6 +104,9 @@ class MapDataset(grain_interop.MapDataset, Generic[T], metaclass=_MapDatasetMeta
   _stats = stats_lib.NO_STATS
   # How this stage's element spec follows from its parents' (see loader.element_spec).
   _spec_rule: str | None = None
+  # A user function Grain runs on the iterator, once per element and in order
+  # (folded here from after to_iter_dataset(), or a DataLoader operation; see in_order).
+  _in_order = False
   _element_spec = element_spec.spec_property
 
   def __init_subclass__(cls, **kwargs):
@@ -693,6 +696,23 @@ def streams(ds: MapDataset) -> bool:
   return any(streams(p) for p in ds._parents)  # pylint: disable=protected-access
 
 
+def in_order(ds: MapDataset) -> bool:
+  """Whether a stage of `ds` must see its elements one after the other, as in Grain.
+
+  Grain runs iterator-level maps and filters (and a DataLoader's operations)
+  in one thread, in order, so such a function may keep state from one element
+  to the next (a delta to the previous one, a running count). The engine then
+  computes chunks of `ds` whole, on one thread, instead of splitting them.
+  """
+  return ds._in_order or any(in_order(p) for p in ds._parents)  # pylint: disable=protected-access
+
+
+def in_order_stage(ds: MapDataset) -> MapDataset:
+  """`ds`, its stage marked as one that sees elements in order (see in_order)."""
+  ds._in_order = True  # pylint: disable=protected-access
+  return ds
+
+
 def _first_discarding(ds: MapDataset) -> str:
   """Grain's name for the nearest stage above `ds` that may discard elements."""
   todo = [ds]
@@ -761,9 +781,29 @@ class BatchMapDataset(MapDataset[S]):
     flat = np.repeat(starts - offsets, counts) + np.arange(int(counts.sum()), dtype=np.int64)
     spans = zip(offsets.tolist(), counts.tolist())
     batch_fn = self._batch_fn
-    if batch_fn is batching.make_batch:
-      records = self._parent._getitems_array(flat)
-      if records is not None:  # Bytes records: a batch is their object array, as make_batch builds it.
-        return [records[o:o + c].copy() for o, c in spans]
-    items = self._parent._getitems(flat)
-    return [checks.call_user(batch_fn, items[o:o + c]) for o, c in spans]
+    try:
+      if batch_fn is batching.make_batch:
+        records = self._parent._getitems_array(flat)
+        if records is not None:  # Bytes records: a batch is their object array, as make_batch builds it.
+          return [records[o:o + c].copy() for o, c in spans]
+      items = self._parent._getitems(flat)
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+    else:
+      return [checks.call_user(batch_fn, items[o:o + c]) for o, c in spans]
+    # A batch's error is its first failing element's (see _raise_first_failure);
+    # a stream cannot be read again. (Out of the except block: no chained context.)
+    if len(indices) == 1 and not streams(self):
+      self._raise_first_failure(flat)
+    raise error
+
+  def _raise_first_failure(self, flat: np.ndarray) -> None:
+    """Raises the error of the first of `flat` that fails alone, if one does.
+
+    Grain computes a batch's elements one after the other, so the error it
+    raises is that of the first failing element, even where a later one
+    fails in an earlier stage (this dataset computes stage by stage). Several
+    batches at once are left to the caller, which retries them one by one.
+    """
+    for i in flat.tolist():
+      self._parent._getitems(np.array([i], dtype=np.int64))

@@ -27,12 +27,19 @@ _OUT = TypeVar("_OUT")
 ENDS_STREAM = "_loader_ends_stream"
 
 
+def ends_stream(error: BaseException) -> BaseException:
+  """`error`, marked as one that ends a DataLoader's stream (where it can carry the mark)."""
+  try:
+    setattr(error, ENDS_STREAM, True)
+  except (AttributeError, TypeError):  # An exception type with __slots__: the stream goes on.
+    pass
+  return error
+
+
 def _failed(what: str, fn: Callable[..., Any], e: Exception) -> ValueError:
   # Grain's words first: client code matches them.
-  error = ValueError(f"PyGrain encountered an error when calling {what} function. "
-                     f"({checks.fn_name(fn)} raised {e!r}.)")
-  setattr(error, ENDS_STREAM, True)
-  return error
+  return ends_stream(ValueError(f"PyGrain encountered an error when calling {what} function. "
+                                f"({checks.fn_name(fn)} raised {e!r}.)"))
 
 
 class Operation(Protocol):

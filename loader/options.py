@@ -84,7 +84,9 @@ class MultiprocessingOptions:
       consumer (a chunk is a run of consecutive elements of the random-access
       part of the pipeline, see `chunk_size`). Higher values smooth out slow elements at the cost of
       memory. Grain counts this in elements after all transformations; for
-      both it is the depth of each worker's output queue.
+      both it is the depth of each worker's output queue. At least 1 where
+      there are workers (`mp_prefetch` refuses less); any integer with
+      `num_workers=0`, as in Grain.
     enable_profiling: Accepted for Grain compatibility; loader logs no
       profiling report (Grain logs one when `num_workers >= 1`).
     chunk_size: Source records (elements before any batching) per task sent
@@ -110,7 +112,8 @@ class MultiprocessingOptions:
 
   def __post_init__(self):
     check_int(self.num_workers, "num_workers", minimum=0)
-    check_int(self.per_worker_buffer_size, "per_worker_buffer_size", minimum=1)
+    # Checked where workers start (mp_prefetch), as Grain does: with no workers any value goes.
+    check_int(self.per_worker_buffer_size, "per_worker_buffer_size")
     if not isinstance(self.enable_profiling, bool):
       raise ValueError(f"enable_profiling must be True or False (got enable_profiling={self.enable_profiling!r}).")
     _check_chunk_size(self.chunk_size)

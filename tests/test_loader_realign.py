@@ -202,6 +202,10 @@ LEGACY_OPS = {
     "map_batch": lambda g: [g.MapOperation(_fails_legacy), g.BatchOperation(3)],
     "filter": lambda g: [g.FilterOperation(lambda x: _fails_legacy(x) >= 0)],
     "map_then_transform": lambda g: [g.MapOperation(lambda x: x), FailingMap(), g.Batch(2)],
+    # An earlier stage's error passes through Grain's generator and ends it too.
+    "transform_then_filter": lambda g: [FailingMap(), g.FilterOperation(lambda x: True)],
+    "transform_batch_then_map": lambda g: [FailingMap(), g.Batch(2), g.MapOperation(lambda x: x)],
+    "transform_then_legacy_batch": lambda g: [FailingMap(), g.BatchOperation(2)],  # Not a generator in Grain.
 }
 
 
@@ -215,8 +219,24 @@ def test_legacy_operations_end_the_stream_at_their_first_error_as_in_grain(name)
 
   ours, theirs = run(lp), run(gp)
   assert ours == theirs
-  ends = isinstance(theirs[-1], str) and theirs[-1].startswith("PyGrain encountered an error when calling")
-  assert ends == (name != "map_then_transform")
+  ends = isinstance(theirs[-1], str) and theirs[-1].startswith(("PyGrain encountered an error when calling", "bad"))
+  assert ends == (name not in ("map_then_transform", "transform_then_legacy_batch"))
+
+
+def test_a_source_error_before_a_legacy_operation_ends_the_stream_in_workers_too():
+  def run(g, worker_count=0):
+    sampler = g.IndexSampler(12, g.NoSharding(), shuffle=False, num_epochs=1, seed=0)
+    dl = g.DataLoader(data_source=FailingSource(12), sampler=sampler, operations=[g.MapOperation(_plain)],
+                      worker_count=worker_count)
+    it = iter(dl)
+    try:
+      return _stream(it)
+    finally:
+      getattr(it, "close", lambda: None)()  # Grain's iterator has no close().
+
+  theirs = run(gp)
+  assert theirs == [0, "bad 1"]
+  assert run(lp) == run(lp, worker_count=2) == theirs
 
 
 def test_next_index_inside_a_batch_counts_batches_begun_as_grain():
@@ -278,3 +298,47 @@ def test_a_batch_raises_its_first_failing_records_error_as_grain():
   assert _stream(iter(_data_loader(lp, ops, n=6))) == theirs
   with iter(_data_loader(lp, ops, n=6, worker_count=2)) as it:
     assert _stream(it) == theirs
+
+
+class _SourceFailsOnTwo:
+
+  def __len__(self):
+    return 6
+
+  def __getitem__(self, i):
+    if i == 2:
+      raise ValueError("source bad 2")
+    return i
+
+
+def _fails_on_zero(x):
+  if x == 0:
+    raise ValueError("map bad 0")
+  return x
+
+
+def _fails_on_one(x):
+  if x == 1:
+    raise ValueError("map bad 1")
+  return x
+
+
+def _first_error(thunk):
+  try:
+    return repr(thunk())
+  except ValueError as e:
+    return str(e)
+
+
+@pytest.mark.parametrize("make", [
+    lambda g: g.MapDataset.source(_SourceFailsOnTwo()).map(_fails_on_zero),
+    lambda g: g.MapDataset.range(6).map(_fails_on_one).map(_fails_on_zero),
+], ids=["source_then_map", "map_then_map"])
+def test_a_random_access_batch_raises_its_first_failing_elements_error_as_grain(make):
+  # Grain computes ds[0]'s elements one after the other: element 0's map error
+  # comes first although elements 1 and 2 fail in an earlier stage.
+  theirs = [_first_error(lambda: make(gp).batch(3)[0]), _stream(iter(make(gp).batch(3).to_iter_dataset()), 2)]
+  ours = [_first_error(lambda: make(lp).batch(3)[0]), _stream(iter(make(lp).batch(3).to_iter_dataset()), 2)]
+  assert theirs[0] == "map bad 0" and ours == theirs
+  nested = lambda g: make(g).batch(1).batch(3)[0]  # pylint: disable=unnecessary-lambda-assignment
+  assert _first_error(lambda: nested(lp)) == _first_error(lambda: nested(gp)) == "map bad 0"
