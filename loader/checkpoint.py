@@ -180,7 +180,7 @@ def load_state(path: str | os.PathLike) -> Any:
   if data.get("version") != _VERSION:
     raise ValueError(f"{path} has state version {data.get('version')!r}; this loader reads version {_VERSION}.")
   if data.get("encoding") == "json-bytes":
-    return json.dumps(data["state"], indent=4).encode()  # As DataLoaderIterator.get_state (and Grain) writes it.
+    return json.dumps(data["state"], indent=4).encode()  # Indented as DataLoaderIterator.get_state (and Grain) writes it.
   return data["state"]
 
 

@@ -105,7 +105,8 @@ class _EndsStream:
 
   def __init__(self, fn: Callable[..., Any]):
     self.fn = fn
-    self.__name__ = checks.fn_name(fn)
+    # Named as `fn` in reprs and state descriptions: states saved without the mark still restore.
+    self.__name__ = self.__qualname__ = checks.fn_name(fn)
 
   def __call__(self, *args: Any) -> Any:
     try:

@@ -504,17 +504,24 @@ class _WorkerPool:
     _shutdown(self.procs, self.conns, self.prefix, self._stash)  # Empties the stashes in place.
     self._stopping = False
 
-  def submit(self, leaf: int, gen: int, c: int, start: int, stop: int, origin: int = 0) -> int:
+  def submit(self, leaf: int, gen: int, c: int, start: int, stop: int, origin: int = 0,
+             wait: bool = True) -> int | None:
     """Sends a task to the least loaded worker; returns that worker.
+
+    A worker has at most _MAX_QUEUED_TASKS tasks queued: tasks of older
+    generations (restores, realigns after failures) may still be there, and a
+    worker blocked sending their results stops reading, so a send to its full
+    pipe would wait for ever. With every worker's queue full, this reads the
+    chosen worker's results first (`wait`; kept for their parts, stale ones
+    dropped there) or sends nothing and returns None.
 
     `origin`: where the part's batches start (a RealignedMapDataset's; see loader.realign).
     """
-    w = min(range(self.num_workers), key=self.load.__getitem__)
+    free = [w for w in range(self.num_workers) if len(self._tasks[w]) < _MAX_QUEUED_TASKS]
+    if not free and not wait:
+      return None
+    w = min(free or range(self.num_workers), key=self.load.__getitem__)
     while len(self._tasks[w]) >= _MAX_QUEUED_TASKS:
-      # Tasks of older generations (restores, realigns after failures) are
-      # still queued there: read its results first (kept for their parts;
-      # stale ones are dropped there), or the worker, blocked sending them,
-      # would stop reading while this send waits on its full pipe.
       self._stash[w].append(self._read(w))
     released, self._released[w] = self._released[w], []
     # Recorded before sending: a worker found dead by this send never returns these positions either.
@@ -548,13 +555,16 @@ class _WorkerPool:
   def receive(self, w: int, leaf: int, gen: int) -> tuple:
     """The next current-generation result of `leaf` from worker `w`."""
     stash = self._stash[w]
-    for k, msg in enumerate(stash):
-      if msg[1] == leaf:
-        del stash[k]
-        if msg[2] == gen:
-          return msg
-        self.release(w, msg[_DESC])  # An older generation of this part: dropped.
-        return self.receive(w, leaf, gen)
+    k = 0
+    while k < len(stash):
+      msg = stash[k]
+      if msg[1] != leaf:
+        k += 1
+        continue
+      del stash[k]
+      if msg[2] == gen:
+        return msg
+      self.release(w, msg[_DESC])  # An older generation of this part: dropped.
     while True:
       msg = self._read(w)
       if msg[1] != leaf:
@@ -657,7 +667,8 @@ class MultiprocessChunkProducer:
     self._len = len(ds)
     self._pool = pool
     self._leaf = pool.register(ds, num_threads)
-    self._in_flight = pool.options.per_worker_buffer_size + 1  # One computing, rest buffered.
+    # One computing, the rest buffered (options changed after mp_prefetch checked them: at least that one).
+    self._in_flight = max(0, pool.options.per_worker_buffer_size) + 1
     self._sizer = engine.ChunkSizer(ds, pool.options.chunk_size, parallelism=pool.num_workers,
                                     max_chunk_bytes=_shm_chunk_bytes(pool.num_workers, self._in_flight))
     self._gen = 0
@@ -680,7 +691,7 @@ class MultiprocessChunkProducer:
       self._local_first = False
       self._add_chunk(_LOCAL)
     if self._chunks.get(self._next_consume, (0, 0, 0))[2] != _LOCAL:
-      self._top_up()  # After a local first chunk, its measured cost sizes these.
+      self._top_up(may_wait=True)  # After a local first chunk, its measured cost sizes these.
 
   @property
   def worker_pids(self) -> list[int]:
@@ -710,17 +721,29 @@ class MultiprocessChunkProducer:
     self._next_request += 1
     return c
 
-  def _top_up(self) -> None:
+  def _top_up(self, may_wait: bool = False) -> None:
+    """Sends the next chunks' tasks.
+
+    Only the chunk the consumer needs next may wait for a worker's full queue
+    (see _WorkerPool.submit), and only where `may_wait`: inside next_chunk's
+    guarded part, before a chunk is taken (a Ctrl-C there loses nothing).
+    """
     limit = self._next_consume + self._pool.num_workers * self._in_flight
     while self._next_request < limit and self._next_start < self._len:
+      wait = may_wait and self._next_request == self._next_consume
       c = self._add_chunk(_LOCAL)
       start, stop, _ = self._chunks[c]
       try:
-        w = self._pool.submit(self._leaf, self._gen, c, start, stop, realign.origin_of(self._ds))
+        w = self._pool.submit(self._leaf, self._gen, c, start, stop, realign.origin_of(self._ds), wait=wait)
       except BaseException:  # E.g. a Ctrl-C while submit read a worker's results: not sent, asked again.
-        del self._chunks[c]
-        self._next_start, self._next_request = start, c
+        w = None
         raise
+      finally:
+        if w is None:  # Not sent: asked again later.
+          del self._chunks[c]
+          self._next_start, self._next_request = start, c
+      if w is None:
+        return
       self._chunks[c] = (start, stop, w)
 
   def next_chunk(self) -> engine.Chunk | None:

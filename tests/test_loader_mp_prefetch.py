@@ -21,11 +21,13 @@ import loader
 from loader import ipc
 from loader import engine
 from loader import iter_dataset as iter_lib
+from loader import mp_prefetch
 from loader_testing import assert_restore_at_every_step_gives_same_stream
 from loader_testing import assert_streams_equal
 from loader_testing import record_index
 from loader_testing import shm_segments
 from loader_testing import take
+from loader_testing import take_with_errors
 from loader_testing import write_array_records
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -916,3 +918,59 @@ def test_many_failures_in_workers_do_not_deadlock_the_pipes(tmp_path):
   script.write_text(_MANY_FAILURES_SCRIPT.format(root=_ROOT))
   proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-3000:]
+
+
+def _fails_on_three(x):
+  if x == 3:
+    raise KeyError(x)
+  return x
+
+
+def test_a_deep_worker_buffer_goes_on_after_an_error():
+  # Hundreds of this part's results wait in the pool's stash; after the error
+  # the stale ones are dropped one after the other (not one call deeper each).
+  ds = loader.MapDataset.range(3000).map(_fails_on_three).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=1, per_worker_buffer_size=1500, chunk_size=1))
+  with iter(ds) as it:
+    got = take_with_errors(it, errors=KeyError, on_error=repr)
+  assert got == [0, 1, 2, "KeyError(3)", *range(4, 3000)]
+
+
+def _slow_after_four(x):
+  if x > 4:
+    time.sleep(0.1)
+  return x
+
+
+def test_a_ctrl_c_while_the_parent_reads_a_full_workers_results_loses_no_chunk(monkeypatch):
+  # After a restore the worker still has 32 stale tasks queued: sending the
+  # task of the chunk the consumer needs first reads its results, and a
+  # Ctrl-C there must not lose a chunk (the next call asks again).
+  pool_read = mp_prefetch._WorkerPool._read  # pylint: disable=protected-access
+  armed, fired = [], []
+
+  def read(self, w):
+    if armed and not fired and sys._getframe(1).f_code.co_name == "submit":  # pylint: disable=protected-access
+      fired.append(True)
+      threading.Timer(0.02, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+    return pool_read(self, w)
+
+  monkeypatch.setattr(mp_prefetch._WorkerPool, "_read", read)  # pylint: disable=protected-access
+  ds = loader.MapDataset.range(45).map(_slow_after_four).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=1, per_worker_buffer_size=33, chunk_size=1))
+  got, interrupts = [], 0
+  with iter(ds) as it:
+    take(it, 2)
+    state = it.get_state()
+    take(it, 3)
+    it.set_state(state)
+    armed.append(True)
+    while True:
+      try:
+        got.append(next(it))
+      except StopIteration:
+        break
+      except KeyboardInterrupt:
+        interrupts += 1
+  assert fired and interrupts == 1
+  assert got == list(range(2, 45))
