@@ -194,7 +194,7 @@ def apply(ds: Any, op: Op, lean: bool, ends_stream: bool = False) -> Any:
 
   `ends_stream`: a legacy operation comes later, so errors here end the stream (see _EndsStream).
   """
-  mark = _EndsStream if ends_stream and not is_legacy(op) else lambda fn: fn
+  mark = _EndsStream if ends_stream else lambda fn: fn  # Legacy operations mark their own errors.
   if op.kind == "batch":
     return ds.batch(op.batch_size, drop_remainder=op.drop_remainder,
                     batch_fn=op.fn if lean else mark(_BatchRecords(op.fn)))
@@ -396,8 +396,7 @@ def build(data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, 
   workers, in parallel) until the first one that cannot be: a batch after a
   filter, a flat_map or a custom operation. The rest run sequentially.
   """
-  lean = all(op.kind in ("map", "filter", "batch") and not isinstance(op.fn, (_LegacyMap, _LegacyFilter))
-             for op in operations)
+  lean = all(op.kind in ("map", "filter", "batch") and not is_legacy(op) for op in operations)
   with_rng = any(op.kind in ("random_map", "operation") for op in operations)
   # Errors before the last legacy operation end the stream, as in Grain (see _EndsStream).
   ends_before = max((i for i, op in enumerate(operations) if is_legacy(op)), default=-1)

@@ -713,6 +713,16 @@ def in_order_stage(ds: MapDataset) -> MapDataset:
   return ds
 
 
+def first_failure(ds: MapDataset, indices: Sequence[int]) -> tuple[int, Exception] | None:
+  """The first of `indices` whose element of `ds` fails computed alone, and its error (None: none fails)."""
+  for i in indices:
+    try:
+      ds._getitems(np.array([i], dtype=np.int64))  # pylint: disable=protected-access
+    except Exception as e:  # pylint: disable=broad-except
+      return i, e
+  return None
+
+
 def _first_discarding(ds: MapDataset) -> str:
   """Grain's name for the nearest stage above `ds` that may discard elements."""
   todo = [ds]
@@ -791,19 +801,13 @@ class BatchMapDataset(MapDataset[S]):
       error = e
     else:
       return [checks.call_user(batch_fn, items[o:o + c]) for o, c in spans]
-    # A batch's error is its first failing element's (see _raise_first_failure);
-    # a stream cannot be read again. (Out of the except block: no chained context.)
+    # Grain computes a batch's elements one after the other: its error is the
+    # first failing element's, even where a later one fails in an earlier
+    # stage (computed here stage by stage). Several batches at once are left
+    # to the caller, which retries them one by one; a stream cannot be read
+    # again. (Out of the except block: no chained context.)
     if len(indices) == 1 and not streams(self):
-      self._raise_first_failure(flat)
+      failed = first_failure(self._parent, flat.tolist())
+      if failed is not None:
+        raise failed[1]
     raise error
-
-  def _raise_first_failure(self, flat: np.ndarray) -> None:
-    """Raises the error of the first of `flat` that fails alone, if one does.
-
-    Grain computes a batch's elements one after the other, so the error it
-    raises is that of the first failing element, even where a later one
-    fails in an earlier stage (this dataset computes stage by stage). Several
-    batches at once are left to the caller, which retries them one by one.
-    """
-    for i in flat.tolist():
-      self._parent._getitems(np.array([i], dtype=np.int64))

@@ -733,13 +733,11 @@ class MultiprocessChunkProducer:
       wait = may_wait and self._next_request == self._next_consume
       c = self._add_chunk(_LOCAL)
       start, stop, _ = self._chunks[c]
+      w = None
       try:
         w = self._pool.submit(self._leaf, self._gen, c, start, stop, realign.origin_of(self._ds), wait=wait)
-      except BaseException:  # E.g. a Ctrl-C while submit read a worker's results: not sent, asked again.
-        w = None
-        raise
       finally:
-        if w is None:  # Not sent: asked again later.
+        if w is None:  # Not sent (every queue full, or a Ctrl-C while submit read results): asked again later.
           del self._chunks[c]
           self._next_start, self._next_request = start, c
       if w is None:

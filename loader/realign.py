@@ -105,13 +105,8 @@ class RealignedMapDataset(map_dataset_lib.MapDataset):
     """
     first = self.origin + k * self.unit
     stop = min(first + self.unit, self.input_len)
-    inputs = self._batch._parent  # pylint: disable=protected-access
-    for i in range(first, stop):
-      try:
-        inputs._getitems(np.array([i], dtype=np.int64))  # pylint: disable=protected-access
-      except Exception as e:  # pylint: disable=broad-except
-        return i + 1, e
-    return stop, None
+    failed = map_dataset_lib.first_failure(self._batch._parent, range(first, stop))  # pylint: disable=protected-access
+    return (stop, None) if failed is None else (failed[0] + 1, failed[1])
 
 
 def origin_of(ds: Any) -> int:
