@@ -65,6 +65,9 @@ class ConversionGuard:
     # Called (in the main thread) when a signal stops the run, before it
     # unwinds: e.g. to end worker processes at once instead of after their shard.
     self.on_stop: list[Callable[[], None]] = []
+    # The run's own folders outside the output (Beam's local temp folder):
+    # removed when the run must end at once, where no `finally` runs.
+    self.scratch_dirs: list[str] = []
     self._old_handlers: dict[int, Any] = {}
     self._watchdog: threading.Timer | None = None
     self._manifest_before: bytes | None = None
@@ -180,6 +183,8 @@ class ConversionGuard:
         self._release(failed=True)
     except Exception:  # pylint: disable=broad-except  # Exit anyway; the next run cleans up.
       pass
+    for d in self.scratch_dirs:
+      shutil.rmtree(d, ignore_errors=True)
     try:
       print(f"arrayrecord-convert: {message}", file=sys.stderr, flush=True)
     except Exception:  # pylint: disable=broad-except  # No terminal left (SIGHUP).

@@ -8,6 +8,7 @@ guard locked the output directory runs inside it, so a failure at any step
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from typing import Callable, Sequence
 
@@ -37,7 +38,13 @@ def run(guard: ConversionGuard, args: argparse.Namespace, beam_args: Sequence[st
     tied = workers.TiedWorkers(keep_fds=[guard.lock_fd], on_death=guard.worker_died)
     guard.on_stop.append(tied.stop)
     start = time.monotonic()
-    with progress.watch(shards, quiet=args.quiet), cli.worker_stderr_held_back(local.workers), \
-        tied, beam.Pipeline(runner=local.runner(opts), options=opts) as p:
-      add(p)
+    with progress.watch(shards, quiet=args.quiet), cli.worker_stderr_held_back(local.workers), tied:
+      pipeline = beam.Pipeline(runner=local.runner(opts), options=opts)
+      guard.scratch_dirs.append(pipeline.local_tempdir)
+      try:
+        with pipeline:
+          add(pipeline)
+      finally:
+        # Beam removes its temp folder after a run, not when building the pipeline failed.
+        shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)
   return time.monotonic() - start, local

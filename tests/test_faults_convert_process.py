@@ -96,12 +96,15 @@ def test_kill_9_then_skip_existing_gives_a_complete_manifest(tmp_path, dataset, 
 
 
 @pytest.mark.parametrize("when", ["starting", "mid-run"])
-def test_a_worker_process_that_dies_ends_the_run_in_one_line(tmp_path, dataset, ar_read, when):
+def test_a_worker_process_that_dies_ends_the_run_in_one_line(tmp_path, dataset, ar_read, when, monkeypatch):
   # E.g. the out-of-memory killer: Beam alone would wait for a starting worker
   # forever, or fail later with a bare "Empty" from its queues.
   from pipelines import verify
   inp, recs = dataset
   out = tmp_path / "out"
+  scratch = tmp_path / "tmp"  # The run's TMPDIR: it must end with Beam's temp folder removed too.
+  scratch.mkdir()
+  monkeypatch.setenv("TMPDIR", str(scratch))
   proc = ft.start_cli(CONVERT, *convert_args(inp, out)[:-2], "--workers", "2", new_session=True)
   workers = lambda: [c for c in ft.children(proc.pid) if "sdk_worker" in ft.cmdline(c)]
   if when == "starting":
@@ -115,6 +118,7 @@ def test_a_worker_process_that_dies_ends_the_run_in_one_line(tmp_path, dataset, 
   assert line.startswith("arrayrecord-convert: a Beam worker process (pid ") and "was killed by SIGKILL" in line
   assert line.endswith("shards complete; rerun with --skip-existing to resume")
   assert ft.temps(str(out)) == [] and not (out / ondisk.LOCK_NAME).exists()
+  assert not [n for n in os.listdir(scratch) if n.startswith("beam-pipeline-temp")]
   assert convert.main(convert_args(inp, out, "--skip-existing")) == 0
   assert verify.main(["--input", str(inp / "*"), "--output", str(out)]) == 0
   for name, records in recs.items():

@@ -241,3 +241,27 @@ def test_a_low_open_file_limit_is_refused_or_raised_before_any_work(tfr, tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert f"Workers: {mode}" in proc.stdout
     assert len(read_manifest(str(out))["shards"]) > 0
+
+
+def test_a_pipeline_that_fails_while_being_built_leaves_no_beam_temp_folder(tmp_path, monkeypatch):
+  # Beam removes its temp folder after a run; a run whose building failed never runs.
+  import argparse
+  import tempfile
+  from converter.guard import ConversionGuard
+  from converter.options import ConvertOptions
+  from pipelines import local_run
+  scratch = tmp_path / "tmp"
+  scratch.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+  src = tmp_path / "in-00000-of-00001"
+  src.write_bytes(b"")
+  guard = ConversionGuard([str(src)], ConvertOptions(output_dir=str(tmp_path / "out")))
+
+  def add(p):
+    raise ValueError("a bad transform")
+
+  with pytest.raises(ValueError, match="a bad transform"):
+    local_run.run(guard, argparse.Namespace(workers=1, quiet=True), ["--runner=DirectRunner"],
+                  lambda runner, mode: "", add)
+  assert os.listdir(scratch) == []
+  assert not (tmp_path / "out").exists()
