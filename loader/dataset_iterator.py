@@ -89,6 +89,7 @@ def _wrap_set_state(fn):
         state_lib.check(state, description, type(self).__name__)
         state = state_lib.strip(state)
       else:
+        state = state_lib.unwrap_grain_workers(state, self._loader_dataset, type(self).__name__)  # pylint: disable=protected-access
         self._check_foreign_state(state)  # pylint: disable=protected-access
         foreign = True
     _local.foreign = foreign

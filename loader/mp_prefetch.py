@@ -842,6 +842,7 @@ class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
 
   _same_as_grain = True
   _state_transparent = True  # The stream does not depend on the workers.
+  _grain_workers_layout = True  # Grain's state here: its workers' (see state.unwrap_grain_workers).
   _spec_rule = "parent"
   # Nor do seeds derived below it: Grain's mp_prefetch with 0 workers is no
   # node at all, and any worker count must draw what 0 workers draw.

@@ -130,6 +130,40 @@ def has_user_iterator(ds: Any) -> bool:
   return any(has_user_iterator(p) for p in (getattr(ds, "parents", ()) or ()))
 
 
+# Grain's mp_prefetch keeps its workers' states in an interleave's layout
+# (one iterator per worker, each over its slice `[w::num_workers]` of the source).
+_GRAIN_WORKERS_KEYS = frozenset({"next_index_in_cycle", "next_index_in_datasets", "iterators_in_use_indices",
+                                 "iterators_in_use_states", "exhausted", "future_states"})
+
+
+def _has_worker_pool(ds: Any) -> bool:
+  if getattr(ds, "_grain_workers_layout", False):
+    return True
+  return any(_has_worker_pool(p) for p in (getattr(ds, "parents", ()) or ()))
+
+
+def unwrap_grain_workers(state: Any, ds: Any, owner: str) -> Any:
+  """A Grain `mp_prefetch` state of `ds` as the state of the pipeline it prefetches.
+
+  With one worker Grain's stream is the one without workers, so its single
+  worker's state is the position; with more, each worker shuffled and read a
+  slice of the source of its own, a stream loader (whose stream is the same
+  for any worker count) does not produce: refused in one line.
+  """
+  if not (isinstance(state, dict) and state.keys() == _GRAIN_WORKERS_KEYS and _has_worker_pool(ds)):
+    return state
+  workers = state["iterators_in_use_states"]
+  if isinstance(workers, list) and len(workers) == 1 and not state["future_states"]:
+    return workers[0]
+  count = len(workers) if isinstance(workers, list) else workers
+  raise StateMismatchError(
+      f"{owner}.set_state: this is a Grain mp_prefetch state of {count} workers; Grain's stream with more than "
+      "one worker is not the one without workers (each worker shuffles and reads its own slice of the source), "
+      "and loader's stream is the same for any worker count, so that position does not exist here. A Grain "
+      "state saved with num_workers=1 (or 0) resumes exactly; otherwise restore a state saved by loader, or "
+      "start over.")
+
+
 def is_stamped(state: Any) -> bool:
   # The version key decides: a custom iterator's state may hold a "pipeline" key of its own.
   return isinstance(state, dict) and VERSION_KEY in state

@@ -175,6 +175,7 @@ def test_state_changes_nothing_when_a_function_is_renamed():
 
 _GRAIN_STATE = textwrap.dedent("""
     import json, sys
+    import numpy as np
     from absl import flags
     flags.FLAGS.mark_as_parsed()
     import grain
@@ -191,6 +192,14 @@ _GRAIN_STATE = textwrap.dedent("""
       if name == "mp":
         return grain.MapDataset.range(100).to_iter_dataset().batch(8).mp_prefetch(
             grain.MultiprocessingOptions(num_workers=2))
+      if name == "mp1":  # MaxText's default grain_worker_count.
+        return grain.MapDataset.range(100).shuffle(seed=3).map(lambda x: x * 2).to_iter_dataset().batch(8).mp_prefetch(
+            grain.MultiprocessingOptions(num_workers=1))
+      if name == "mp1_pack":
+        ds = grain.MapDataset.range(60).shuffle(seed=5).map(lambda x: {"tokens": np.arange(x % 7 + 1)})
+        ds = grain.experimental.FirstFitPackIterDataset(ds.to_iter_dataset(), length_struct={"tokens": 10},
+                                                        num_packing_bins=3)
+        return ds.batch(2).mp_prefetch(grain.MultiprocessingOptions(num_workers=1))
 
     if __name__ == "__main__":
       name, k = sys.argv[1], int(sys.argv[2])
@@ -198,7 +207,7 @@ _GRAIN_STATE = textwrap.dedent("""
       for _ in range(k):
         next(it)
       state = it.get_state()
-      rest = [[int(v) for v in b] for b in it]
+      rest = [np.asarray(b["tokens"] if isinstance(b, dict) else b).tolist() for b in it]
       it.close() if hasattr(it, "close") else None
       print(json.dumps({"state": state, "rest": rest}))
 """)
@@ -309,12 +318,38 @@ def test_states_that_counted_batches_after_to_iter_dataset_are_refused():
   assert next(it).tolist() == list(loader.MapDataset.range(20).shuffle(seed=1).batch(2)[3])
 
 
-def test_grain_mp_prefetch_state_is_refused(grain_run):
+def test_grain_mp_prefetch_state_of_two_workers_is_refused(grain_run):
+  # Each Grain worker reads its own slice of the source: a stream loader's is not.
   state = grain_run("mp", 3)["state"]
   it = iter(loader.MapDataset.range(100).to_iter_dataset().batch(8).mp_prefetch(
       loader.MultiprocessingOptions(num_workers=0)))
-  with pytest.raises(state_lib.StateMismatchError, match="cannot be resumed exactly"):
+  with pytest.raises(state_lib.StateMismatchError, match="Grain mp_prefetch state of 2 workers"):
     it.set_state(state)
+
+
+def _ours_mp1(name, workers):
+  if name == "mp1":
+    ds = loader.MapDataset.range(100).shuffle(seed=3).map(lambda x: x * 2).to_iter_dataset().batch(8)
+  else:
+    ds = loader.MapDataset.range(60).shuffle(seed=5).map(lambda x: {"tokens": np.arange(x % 7 + 1)})
+    ds = loader.experimental.FirstFitPackIterDataset(ds.to_iter_dataset(), length_struct={"tokens": 10},
+                                                     num_packing_bins=3).batch(2)
+  return ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=workers))
+
+
+@pytest.mark.parametrize("name, k", [("mp1", 0), ("mp1", 5), ("mp1", 12), ("mp1_pack", 4)])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_grain_mp_prefetch_state_of_one_worker_resumes_at_grains_element(grain_run, name, k, workers):
+  # MaxText runs Grain with one worker by default: its checkpoints resume here, with any worker count.
+  grain_out = grain_run(name, k)
+  assert len(grain_out["state"]["iterators_in_use_states"]) == 1
+  it = iter(_ours_mp1(name, workers))
+  try:
+    it.set_state(grain_out["state"])
+    rest = [np.asarray(b["tokens"] if isinstance(b, dict) else b).tolist() for b in it]
+  finally:
+    it.close()
+  assert rest == grain_out["rest"] and rest
 
 
 def test_grain_state_inside_a_folded_batch_resumes_there_as_grain():
