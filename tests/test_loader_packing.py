@@ -483,11 +483,37 @@ def test_state_layout():
   with iter(ds) as it:
     take(it, 37)
     state = it.get_state()
-  assert {"parent", "skip", "next_row", "counter"} <= set(state)
+  assert {"replay_from", "skip", "next_row", "counter"} <= set(state)
   assert state["counter"] == 37 and 0 <= state["next_row"] < 4
   # A restore reads at most two windows (4 rows of <= 16 elements each) before
   # the row it resumes at.
   assert 0 <= state["skip"] <= 64
+
+
+@pytest.mark.parametrize("kind", ["FirstFitPackIterDataset", "BestFitPackIterDataset"])
+def test_grain_refuses_a_loader_packing_state_and_loader_still_reads_its_older_layout(kind):
+  # Going back to Grain with a loader checkpoint: Grain reads "parent" as the
+  # start of the packed window, ours is a replay position: Grain must fail on
+  # it, not resume at other rows. States loader wrote before (that position
+  # under "parent") still resume here.
+
+  def make(lib):
+    lengths = [3, 5, 2, 7, 4, 1, 6, 2, 3, 5, 8, 1, 1, 4, 6, 2, 7, 3]
+    src = lib.MapDataset.source([{"t": np.arange(n)} for n in lengths]).to_iter_dataset()
+    return getattr(lib.experimental, kind)(src, length_struct={"t": 8}, num_packing_bins=2, shuffle_bins=False)
+
+  for k in range(12):
+    it = iter(make(loader))
+    take(it, k)
+    state = it.get_state()
+    rest = [x["t"].tolist() for x in it]
+    bare = {key: v for key, v in state.items() if key not in ("pipeline", "loader_state_version")}
+    with pytest.raises(KeyError, match="parent"):
+      iter(make(grain)).set_state(bare)
+    older = {("parent" if key == "replay_from" else key): v for key, v in state.items()}
+    again = iter(make(loader))
+    again.set_state(older)
+    assert [x["t"].tolist() for x in again] == rest, k
 
 
 def test_state_of_another_packing_configuration_is_refused():

@@ -6,9 +6,12 @@ arguments and produce exactly Grain's packed examples for the same input order
 `mp_prefetch` they run in the consuming process on the reassembled stream, so
 the packed examples do not depend on the worker count (Grain packs per worker).
 
-State: `{"parent": <a parent state>, "skip": <elements after it before the
-window being emitted>, "next_row": <rows of that window already emitted>,
-"counter": <rows emitted in all>}` (Grain's layout plus "skip"). A restore
+State: `{"replay_from": <a parent state>, "skip": <elements after it before
+the window being emitted>, "next_row": <rows of that window already emitted>,
+"counter": <rows emitted in all>}`. Grain's layout names the window's start
+"parent"; ours is another key (states written before named it "parent" too)
+so that Grain, given our state, refuses it (KeyError) instead of resuming at
+other rows. Grain's own states (no "skip") restore here. A restore
 re-reads that window from the parent, packs it again (deterministically: the
 bin shuffle is seeded by `seed + rows emitted before the window`) and skips
 `next_row` rows, so it is exact at every step; it reads at most two windows
@@ -69,7 +72,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
 
   def get_state(self) -> dict[str, Any]:
     anchor, skip = self._window_start
-    return {"parent": anchor, "skip": skip, "next_row": self._next_row,
+    return {"replay_from": anchor, "skip": skip, "next_row": self._next_row,
             "counter": self._rows_before + self._next_row}
 
   # Grain's layout: its "parent" is where the window being emitted starts, with nothing to skip.
@@ -78,6 +81,8 @@ class _PackIterator(iter_dataset.DatasetIterator):
   def set_state(self, state: dict[str, Any]) -> None:
     if isinstance(state, dict) and set(state) == set(self._grain_state_keys):
       state = {**state, "skip": 0}
+    if isinstance(state, dict) and "replay_from" in state and "parent" not in state:
+      state = {("parent" if k == "replay_from" else k): v for k, v in state.items()}
     state_lib.check_keys(state, ("parent", "skip", "next_row", "counter"), self._owner)
     skip = checks.check_int(state["skip"], "skip", minimum=0)
     next_row = checks.check_int(state["next_row"], "next_row", minimum=0)
