@@ -185,12 +185,12 @@ class OutputWriteError(ConversionError, OSError):
 
   exit_code = 1
 
-  def __init__(self, path: str, reason: str):
+  def __init__(self, path: str, reason: str,
+               resume: str = "rerun with --skip-existing to keep the shards already written"):
     self.path, self.reason = path, reason
     super().__init__(
         f"Cannot write {path}: {reason}. Its temp file was removed and no partial file "
-        f"was left under its name; {_write_fix(reason, path)}, then rerun "
-        "with --skip-existing to keep the shards already written.")
+        f"was left under its name; {_write_fix(reason, path)}, then {resume}.")
 
 
 def _write_fix(reason: str, path: str | None = None) -> str:

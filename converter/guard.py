@@ -93,6 +93,11 @@ class ConversionGuard:
 
   def _prepare_local_output(self) -> None:
     out = self.output_dir
+    shown = ondisk.non_utf8_name(out)
+    if shown is not None:
+      raise OutputError(f"--output {shown} has a name that is not valid UTF-8 text, which Beam cannot pass on; "
+                        "choose a UTF-8 name (or rename the folder, e.g. convmv -f latin1 -t utf8 --notest "
+                        "FOLDER).")
     if os.path.exists(out) and not os.path.isdir(out):
       raise OutputError(f"--output {out} is a file, not a directory; give a directory "
                         "path (it is created if missing).")

@@ -173,17 +173,28 @@ def _complete_local_array_record(path: str) -> bool:
     return False
 
 
-def _starts_as_array_record(path: str) -> bool:
+def _starts_as_array_record(path: str) -> bool | PermissionError:
   try:
     return _writer.read_head(path, len(ondisk.RIEGELI_SIGNATURE)) == ondisk.RIEGELI_SIGNATURE
+  except PermissionError as e:  # Not "no ArrayRecord": unknown, and the fix differs.
+    return e
   except OSError:
     return False
 
 
 def _not_array_record(paths: list[str]) -> list[str]:
-  """Those of `paths` that do not start as ArrayRecord files (gs:// objects are read side by side)."""
+  """Those of `paths` that do not start as ArrayRecord files (gs:// objects are read side by side).
+
+  Raises OutputError for one that cannot be read at all.
+  """
   with concurrent.futures.ThreadPoolExecutor(min(16, max(1, len(paths)))) as pool:
-    return [p for p, ok in zip(paths, pool.map(_starts_as_array_record, paths)) if not ok]
+    results = list(pool.map(_starts_as_array_record, paths))
+  for p, ok in zip(paths, results):
+    if isinstance(ok, PermissionError):
+      raise OutputError(f"Output {p} exists but cannot be read ({ok.strerror or ok}), so --skip-existing cannot "
+                        "tell whether it is complete; fix its permissions (e.g. chmod u+r) and rerun, or pass "
+                        "--overwrite to replace it.")
+  return [p for p, ok in zip(paths, results) if not ok]
 
 
 def _check_output_slot(path: str) -> None:

@@ -8,6 +8,7 @@ all little-endian. GZIP and ZLIB streams are detected from their magic bytes.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import stat
 import struct
@@ -18,6 +19,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from converter.errors import CompressionMismatchError, CorruptRecordError, InputError, NotTFRecordError
+from loader import ondisk
 from loader.ondisk import RIEGELI_SIGNATURE, is_local
 from loader.iter_sources import tfrecord as tfrecord_source
 
@@ -515,13 +517,10 @@ def _stat_of(f: BinaryIO, path: str) -> os.stat_result:
 
 def check_regular_file(path: str) -> None:
   """Raises InputError unless a local path is a regular file (or a link to one) with a UTF-8 name."""
-  try:
-    path.encode("utf-8")
-  except UnicodeEncodeError:
-    # Linux allows any bytes in a name; Beam passes names as UTF-8 text.
-    shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+  shown = ondisk.non_utf8_name(path)
+  if shown is not None:
     raise InputError(shown, "has a name that is not valid UTF-8 text, which Beam cannot pass on",
-                     "rename it to UTF-8 (e.g. convmv -f latin1 -t utf8 --notest FILE)") from None
+                     "rename it to UTF-8 (e.g. convmv -f latin1 -t utf8 --notest FILE)")
   try:
     mode = os.stat(path).st_mode
   except FileNotFoundError:
@@ -529,12 +528,16 @@ def check_regular_file(path: str) -> None:
       raise InputError(path, f"is a broken symbolic link (to {os.readlink(path)!r}, which "
                        "does not exist)", "fix or remove the link") from None
     raise InputError(path, "does not exist", "check the path") from None
+  except OSError as e:  # A link loop, a folder above it without search permission.
+    if e.errno == errno.ELOOP:
+      raise InputError(path, "is a symbolic link that leads back to itself (a loop)",
+                       "fix or remove the link") from None
+    raise InputError(path, f"cannot be opened ({e.strerror})", "check its permissions and those of its folders") from None
   if stat.S_ISDIR(mode):
     raise InputError(path, "is a directory", f"give the files in it, e.g. --input "
                      f"'{os.path.join(path, '*')}'")
-  if not stat.S_ISREG(mode):
-    kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) \
-        else "a device" if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) else "not a regular file"
+  kind = ondisk.special_file_kind(mode)
+  if kind is not None:
     raise InputError(path, f"is {kind}, which cannot be converted (reading it could block "
                      "or never end)", "convert regular files only; copy the data to a file first")
 

@@ -415,8 +415,12 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
         raise ValueError(f"DataLoader state has last_seen_indices but no {e.args[0]!r}; was it edited by hand?") from None
       written = self._consumed(state["dataset"])
       workers = checks.check_int(state["worker_count"], "DataLoader state worker_count", minimum=0)
-      if written is not None and grain_keys != self._data_loader._grain_position_for(  # pylint: disable=protected-access
-          written, workers):
+      seen = state["last_seen_indices"]
+      # A worker_count that last_seen_indices do not list (edited, damaged) goes to the check below
+      # before a position with one entry per worker is built for it.
+      listed = isinstance(seen, dict) and len(seen) == max(workers, 1)
+      if written is not None and (not listed or grain_keys != self._data_loader._grain_position_for(  # pylint: disable=protected-access
+          written, workers)):
         # Someone edited Grain's keys (to skip ahead, say): they say where to go.
         self._set_position(self._data_loader._grain_consumed(state))  # pylint: disable=protected-access
         return

@@ -68,6 +68,31 @@ class IncompleteManifestError(ManifestError):
 _URI_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*://)(.*)$")
 
 
+def non_utf8_name(path: str) -> str | None:
+  """`path` printable (bad bytes as \\xNN) if it is not valid UTF-8 text, which Beam cannot pass on; else None.
+
+  Linux allows any bytes in a name; Python keeps the undecodable ones as surrogates.
+  """
+  try:
+    path.encode("utf-8")
+  except UnicodeEncodeError:
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+  return None
+
+
+def special_file_kind(mode: int) -> str | None:
+  """What a file that is not a regular one or a directory is ("a FIFO (named pipe)", ...); None for those two."""
+  if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+    return None
+  if stat.S_ISFIFO(mode):
+    return "a FIFO (named pipe)"
+  if stat.S_ISSOCK(mode):
+    return "a socket"
+  if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+    return "a device"
+  return "not a regular file"
+
+
 def split_uri(path: str) -> tuple[str, str]:
   """Splits `gs://b/x/y` into (`gs://`, `b/x/y`); local paths get an empty scheme."""
   m = _URI_RE.match(path)

@@ -180,10 +180,26 @@ def _warn_group_size(path: str, writer_options: str) -> None:
     )
 
 
+def _check_file(path: str) -> None:
+  """Raises one line unless `path` is (a link to) a regular file: reading a FIFO or device could block for ever."""
+  try:
+    mode = os.stat(path).st_mode
+  except FileNotFoundError:
+    link = f" (a symbolic link to {os.readlink(path)!r}, which does not exist)" if os.path.islink(path) else ""
+    raise MissingFileError(f"ArrayRecord file not found: {path}{link}") from None
+  except OSError as e:
+    fix = ("it is a symbolic link that leads back to itself (a loop): fix or remove the link"
+           if e.errno == errno.ELOOP else "check its permissions and those of its folders")
+    raise NotArrayRecordError(f"{path} cannot be opened ({e.strerror}): {fix}.") from None
+  kind = ondisk.special_file_kind(mode)
+  if kind is not None:
+    raise NotArrayRecordError(f"{path} is not an ArrayRecord file: it is {kind}, not a regular file (reading it "
+                              "could block for ever); pass the ArrayRecord files themselves.")
+
+
 def _open_reader(path: str, options: str):
   reader_cls = _reader_class()
-  if not os.path.exists(path):
-    raise MissingFileError(f"ArrayRecord file not found: {path}")
+  _check_file(path)
   try:
     reader = reader_cls(path, options)
   except RuntimeError as e:
@@ -356,9 +372,8 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
       if not found:
         raise MissingFileError(f"No files match the pattern {p!r}.")
       files.extend((f, None) for f in found)
-    elif not os.path.exists(p):
-      raise MissingFileError(f"ArrayRecord file not found: {p}")
-    else:
+    else:  # Missing, a broken link or a loop, a FIFO or device: one line saying which.
+      _check_file(p)
       files.append((p, None))
   return files
 

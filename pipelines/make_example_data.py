@@ -11,6 +11,7 @@ TensorFlow's own reader.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import struct
 import sys
@@ -146,6 +147,17 @@ def main(argv: Sequence[str] | None = None) -> int:
   except (FileExistsError, ValueError) as e:
     print(f"{p.prog}: error: {e}", file=sys.stderr)
     return 2
+  except OSError as e:  # A full disk, an --output under a file: one line, as for every CLI here.
+    fix = ("free space there or choose another --output" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+           else "check --output")
+    print(f"{p.prog}: error: cannot write {e.filename or args.output} ({e.strerror or e}); {fix}. No partial "
+          "file was left; shards already written are complete (rerun with --overwrite to write them all).",
+          file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:
+    print(f"{p.prog}: interrupted; no partial file was left; shards already written are complete (rerun with "
+          "--overwrite to write them all).", file=sys.stderr)
+    return 130
   print(f"Wrote {len(paths)} shard(s) x {args.records} records to {args.output}")
   return 0
 

@@ -17,7 +17,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from converter import ConvertOptions, MatchFiles, OutputExistsError, TFRecordReader
-from converter.errors import OutputLockedError
+from converter.errors import OutputLockedError, OutputWriteError
 from converter import writer as _writer
 from loader import ondisk
 from pipelines import build
@@ -91,9 +91,13 @@ class _WriteShardFn(beam.DoFn):
     if local:
       ondisk.remove_stale_temps_of(path)  # Left by a killed (kill -9) run.
     expect = _writer.REPLACE_ANY if self._overwrite else None
-    with _writer.ArrayRecordShardWriter(path, self._writer_options, expect=expect) as w:
-      _write_all(w, records)
-      w.commit(publish_file=not local)
+    try:
+      with _writer.ArrayRecordShardWriter(path, self._writer_options, expect=expect) as w:
+        _write_all(w, records)
+        w.commit(publish_file=not local)
+    except OutputWriteError as e:  # Re-sharding has no --skip-existing: its advice is to run it again.
+      raise OutputWriteError(e.path, e.reason, resume="run the re-sharding again (it writes every shard "
+                             "anew; pass existing='overwrite' if some were published)") from None
     self.shards.inc()
     yield path, w.staged
 
