@@ -8,9 +8,7 @@ all little-endian. GZIP and ZLIB streams are detected from their magic bytes.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
-import stat
 import struct
 import zlib
 from typing import BinaryIO, Iterator
@@ -521,25 +519,12 @@ def check_regular_file(path: str) -> None:
   if shown is not None:
     raise InputError(shown, "has a name that is not valid UTF-8 text, which Beam cannot pass on",
                      "rename it to UTF-8 (e.g. convmv -f latin1 -t utf8 --notest FILE)")
-  try:
-    mode = os.stat(path).st_mode
-  except FileNotFoundError:
-    if os.path.islink(path):
-      raise InputError(path, f"is a broken symbolic link (to {os.readlink(path)!r}, which "
-                       "does not exist)", "fix or remove the link") from None
-    raise InputError(path, "does not exist", "check the path") from None
-  except OSError as e:  # A link loop, a folder above it without search permission.
-    if e.errno == errno.ELOOP:
-      raise InputError(path, "is a symbolic link that leads back to itself (a loop)",
-                       "fix or remove the link") from None
-    raise InputError(path, f"cannot be opened ({e.strerror})", "check its permissions and those of its folders") from None
-  if stat.S_ISDIR(mode):
-    raise InputError(path, "is a directory", f"give the files in it, e.g. --input "
-                     f"'{os.path.join(path, '*')}'")
-  kind = ondisk.special_file_kind(mode)
-  if kind is not None:
-    raise InputError(path, f"is {kind}, which cannot be converted (reading it could block "
-                     "or never end)", "convert regular files only; copy the data to a file first")
+  problem = ondisk.file_problem(path)
+  if problem is not None:
+    fix = problem.fix
+    if problem.kind == "directory":
+      fix += f", e.g. --input '{os.path.join(path, '*')}'"
+    raise InputError(path, problem.what, fix)
 
 
 def read_tfrecords(path: str, compression: str = "auto", on_corrupt: str = "fail") -> Iterator[bytes]:

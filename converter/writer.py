@@ -169,19 +169,18 @@ _swept = False
 
 def staging_file() -> str:
   """A new empty local file (in $TMPDIR) for a copy of a remote file; the caller removes it."""
-  _sweep_dead_staging()
+  global _swept
+  if not _swept:
+    _swept = True
+    sweep_dead_staging(tempfile.gettempdir())
   fd, path = tempfile.mkstemp(prefix=f"arrayrecord-{os.getpid()}-", suffix=".tmp")
   os.close(fd)
   return path
 
 
-def _sweep_dead_staging() -> None:
-  """Removes, once per process, staging files of processes that no longer run."""
-  global _swept
-  if _swept:
-    return
-  _swept = True
-  directory, here = tempfile.gettempdir(), ondisk.this_process()
+def sweep_dead_staging(directory: str) -> None:
+  """Removes the staging files in `directory` of processes (on this host) that no longer run."""
+  here = ondisk.this_process()
   try:
     names = os.listdir(directory)
   except OSError:

@@ -93,6 +93,42 @@ def special_file_kind(mode: int) -> str | None:
   return "not a regular file"
 
 
+@dataclasses.dataclass(frozen=True)
+class FileProblem:
+  """Why a local path cannot be read as a data file, in words for an error line: `{path} {what}; {fix}`."""
+
+  what: str
+  fix: str
+  kind: str  # "missing", "broken link", "unreadable" (a link loop too), "directory" or "special".
+
+
+def file_problem(path: str) -> FileProblem | None:
+  """None if `path` is a regular file or a link to one; else what is wrong and what to do.
+
+  Reading a FIFO or a device could block for ever, so those are problems
+  too. One `stat`; the loader and the converter word their errors from it.
+  """
+  try:
+    mode = os.stat(path).st_mode
+  except FileNotFoundError:
+    if os.path.islink(path):
+      return FileProblem(f"is a broken symbolic link (to {os.readlink(path)!r}, which does not exist)",
+                         "fix or remove the link", "broken link")
+    return FileProblem("does not exist", "check the path", "missing")
+  except OSError as e:  # A link loop, a folder above it without search permission.
+    if e.errno == errno.ELOOP:
+      return FileProblem("is a symbolic link that leads back to itself (a loop)", "fix or remove the link", "unreadable")
+    return FileProblem(f"cannot be opened ({e.strerror})", "check its permissions and those of its folders",
+                       "unreadable")
+  if stat.S_ISDIR(mode):
+    return FileProblem("is a directory", "give the files in it", "directory")
+  kind = special_file_kind(mode)
+  if kind is not None:
+    return FileProblem(f"is {kind}, not a regular file (reading it could block for ever)",
+                       "pass the data files themselves (copy the data to a regular file first)", "special")
+  return None
+
+
 def split_uri(path: str) -> tuple[str, str]:
   """Splits `gs://b/x/y` into (`gs://`, `b/x/y`); local paths get an empty scheme."""
   m = _URI_RE.match(path)

@@ -182,19 +182,13 @@ def _warn_group_size(path: str, writer_options: str) -> None:
 
 def _check_file(path: str) -> None:
   """Raises one line unless `path` is (a link to) a regular file: reading a FIFO or device could block for ever."""
-  try:
-    mode = os.stat(path).st_mode
-  except FileNotFoundError:
-    link = f" (a symbolic link to {os.readlink(path)!r}, which does not exist)" if os.path.islink(path) else ""
-    raise MissingFileError(f"ArrayRecord file not found: {path}{link}") from None
-  except OSError as e:
-    fix = ("it is a symbolic link that leads back to itself (a loop): fix or remove the link"
-           if e.errno == errno.ELOOP else "check its permissions and those of its folders")
-    raise NotArrayRecordError(f"{path} cannot be opened ({e.strerror}): {fix}.") from None
-  kind = ondisk.special_file_kind(mode)
-  if kind is not None:
-    raise NotArrayRecordError(f"{path} is not an ArrayRecord file: it is {kind}, not a regular file (reading it "
-                              "could block for ever); pass the ArrayRecord files themselves.")
+  problem = ondisk.file_problem(path)
+  if problem is None:
+    return
+  if problem.kind in ("missing", "broken link"):
+    link = f": it {problem.what}; {problem.fix}." if problem.kind == "broken link" else ""
+    raise MissingFileError(f"ArrayRecord file not found: {path}{link}")
+  raise NotArrayRecordError(f"{path} is not an ArrayRecord file: it {problem.what}; {problem.fix}.")
 
 
 def _open_reader(path: str, options: str):

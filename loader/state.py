@@ -22,7 +22,7 @@ resumed at a different element.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 VERSION = 4
@@ -117,29 +117,24 @@ def same_as_grain(ds: Any) -> bool:
 
   A user's own dataset class computes its elements itself, on either library.
   """
-  if not (getattr(ds, "_same_as_grain", False) or _user_defined(ds)):
-    return False
-  return all(same_as_grain(p) for p in (getattr(ds, "parents", ()) or ()))
+  return not any_in_pipeline(ds, lambda d: not (getattr(d, "_same_as_grain", False) or _user_defined(d)))
+
+
+def any_in_pipeline(ds: Any, predicate: Callable[[Any], bool]) -> bool:
+  """Whether `predicate` holds for `ds` or any dataset it reads from."""
+  return predicate(ds) or any(any_in_pipeline(p, predicate) for p in (getattr(ds, "parents", ()) or ()))
 
 
 def has_user_iterator(ds: Any) -> bool:
   """Whether a user's own IterDataset class (whose iterator's state layout is its own) is in `ds`'s pipeline."""
   from loader import iter_dataset  # pylint: disable=g-import-not-at-top  # It imports this module.
-  if isinstance(ds, iter_dataset.IterDataset) and _user_defined(ds):
-    return True
-  return any(has_user_iterator(p) for p in (getattr(ds, "parents", ()) or ()))
+  return any_in_pipeline(ds, lambda d: isinstance(d, iter_dataset.IterDataset) and _user_defined(d))
 
 
 # Grain's mp_prefetch keeps its workers' states in an interleave's layout
 # (one iterator per worker, each over its slice `[w::num_workers]` of the source).
 _GRAIN_WORKERS_KEYS = frozenset({"next_index_in_cycle", "next_index_in_datasets", "iterators_in_use_indices",
                                  "iterators_in_use_states", "exhausted", "future_states"})
-
-
-def _has_worker_pool(ds: Any) -> bool:
-  if getattr(ds, "_grain_workers_layout", False):
-    return True
-  return any(_has_worker_pool(p) for p in (getattr(ds, "parents", ()) or ()))
 
 
 def unwrap_grain_workers(state: Any, ds: Any, owner: str) -> Any:
@@ -150,7 +145,8 @@ def unwrap_grain_workers(state: Any, ds: Any, owner: str) -> Any:
   slice of the source of its own, a stream loader (whose stream is the same
   for any worker count) does not produce: refused in one line.
   """
-  if not (isinstance(state, dict) and state.keys() == _GRAIN_WORKERS_KEYS and _has_worker_pool(ds)):
+  if not (isinstance(state, dict) and state.keys() == _GRAIN_WORKERS_KEYS
+          and any_in_pipeline(ds, lambda d: getattr(d, "_grain_workers_layout", False))):
     return state
   workers = state["iterators_in_use_states"]
   if isinstance(workers, list) and len(workers) == 1 and not state["future_states"]:

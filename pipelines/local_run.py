@@ -8,14 +8,13 @@ guard locked the output directory runs inside it, so a failure at any step
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from typing import Callable, Sequence
 
 import apache_beam as beam
 
 from converter.guard import ConversionGuard
-from pipelines import build, cli, progress, workers
+from pipelines import build, cli, progress, run_tempdir, workers
 
 
 def run(guard: ConversionGuard, args: argparse.Namespace, beam_args: Sequence[str],
@@ -38,13 +37,12 @@ def run(guard: ConversionGuard, args: argparse.Namespace, beam_args: Sequence[st
     tied = workers.TiedWorkers(keep_fds=[guard.lock_fd], on_death=guard.worker_died)
     guard.on_stop.append(tied.stop)
     start = time.monotonic()
-    with progress.watch(shards, quiet=args.quiet), cli.worker_stderr_held_back(local.workers), tied:
-      pipeline = beam.Pipeline(runner=local.runner(opts), options=opts)
-      guard.scratch_dirs.append(pipeline.local_tempdir)
-      try:
-        with pipeline:
-          add(pipeline)
-      finally:
-        # Beam removes its temp folder after a run, not when building the pipeline failed.
-        shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)
+    with run_tempdir.private_tempdir() as scratch, progress.watch(shards, quiet=args.quiet), \
+        cli.worker_stderr_held_back(local.workers), tied:
+      # Beam's temp folders go in there: removed when the run ends at once
+      # (see ConversionGuard._stop_now) or fails while the pipeline is built.
+      if scratch is not None:
+        guard.scratch_dirs.append(scratch)
+      with beam.Pipeline(runner=local.runner(opts), options=opts) as pipeline:
+        add(pipeline)
   return time.monotonic() - start, local

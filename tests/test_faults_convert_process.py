@@ -46,10 +46,13 @@ def digest(records) -> str:
   return d.hexdigest()
 
 
-def test_kill_9_then_skip_existing_gives_a_complete_manifest(tmp_path, dataset, ar_read):
+def test_kill_9_then_skip_existing_gives_a_complete_manifest(tmp_path, dataset, ar_read, monkeypatch):
   import loader
   inp, recs = dataset
   out = tmp_path / "out"
+  scratch = tmp_path / "tmp"  # The runs' TMPDIR: Beam's temp folder of the killed run must go too.
+  scratch.mkdir()
+  monkeypatch.setenv("TMPDIR", str(scratch))
   proc = ft.start_cli(CONVERT, *convert_args(inp, out))
   ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
   ft.stop(proc)
@@ -59,6 +62,8 @@ def test_kill_9_then_skip_existing_gives_a_complete_manifest(tmp_path, dataset, 
   proc.wait()
   assert proc.returncode == -signal.SIGKILL
   assert left and all(os.path.exists(t) for t in left)  # The killed run's half-written file.
+  # Its temp folder (Beam's beam-pipeline-temp* inside), named after the dead process.
+  assert [n.startswith(f"arrayrecord-run-{proc.pid}-") for n in os.listdir(scratch)] == [True]
   # manifest.json is the killed run's marker: the half-converted directory is not read as complete.
   assert json.loads((out / "manifest.json").read_text())["status"] == ondisk.INCOMPLETE
   with pytest.raises(ondisk.IncompleteManifestError, match="did not finish.*--skip-existing"):
@@ -68,6 +73,7 @@ def test_kill_9_then_skip_existing_gives_a_complete_manifest(tmp_path, dataset, 
   assert resumed.returncode == 0, resumed.stderr
   assert f"kept {len(kept)} existing" in resumed.stdout
   assert ft.temps(str(out)) == []  # The dead run's temp file is gone.
+  assert os.listdir(scratch) == []  # And its temp folder.
   assert not (out / ondisk.LOCK_NAME).exists()
   manifest = json.loads((out / "manifest.json").read_text())
   assert manifest["totals"]["records"] == sum(map(len, recs.values()))
@@ -118,7 +124,7 @@ def test_a_worker_process_that_dies_ends_the_run_in_one_line(tmp_path, dataset, 
   assert line.startswith("arrayrecord-convert: a Beam worker process (pid ") and "was killed by SIGKILL" in line
   assert line.endswith("shards complete; rerun with --skip-existing to resume")
   assert ft.temps(str(out)) == [] and not (out / ondisk.LOCK_NAME).exists()
-  assert not [n for n in os.listdir(scratch) if n.startswith("beam-pipeline-temp")]
+  assert os.listdir(scratch) == []
   assert convert.main(convert_args(inp, out, "--skip-existing")) == 0
   assert verify.main(["--input", str(inp / "*"), "--output", str(out)]) == 0
   for name, records in recs.items():
@@ -127,10 +133,14 @@ def test_a_worker_process_that_dies_ends_the_run_in_one_line(tmp_path, dataset, 
 
 @pytest.mark.parametrize("sig, code, how", [(signal.SIGINT, 130, "interrupted"),
                                             (signal.SIGTERM, 143, "stopped by SIGTERM")])
-def test_ctrl_c_or_sigterm_prints_one_line_and_leaves_no_temp(tmp_path, dataset, ar_read, sig, code, how):
+def test_ctrl_c_or_sigterm_prints_one_line_and_leaves_no_temp(tmp_path, dataset, ar_read, sig, code, how,
+                                                             monkeypatch):
   # SIGINT is Ctrl-C; SIGTERM is what `kill`, `timeout` and `docker stop` send.
   inp, recs = dataset
   out = tmp_path / "out"
+  scratch = tmp_path / "tmp"
+  scratch.mkdir()
+  monkeypatch.setenv("TMPDIR", str(scratch))
   proc = ft.start_cli(CONVERT, *convert_args(inp, out))
   ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
   ft.stop(proc)
@@ -141,7 +151,7 @@ def test_ctrl_c_or_sigterm_prints_one_line_and_leaves_no_temp(tmp_path, dataset,
   done = ft.published(str(out))
   assert ft.one_line(stderr) == (f"arrayrecord-convert: {how}; {len(done)} of {SHARDS} "
                                  "shards complete; rerun with --skip-existing to resume")
-  assert ft.temps(str(out)) == []
+  assert ft.temps(str(out)) == [] and os.listdir(scratch) == []
   # No lock file, nothing half-written; manifest.json is the stopped run's marker.
   assert ft.listing(str(out)) == sorted(done + ["manifest.json"])
   assert json.loads((out / "manifest.json").read_text())["status"] == ondisk.INCOMPLETE
@@ -224,6 +234,33 @@ def test_local_staging_copies_of_killed_runs_are_removed_live_ones_stay(tmp_path
     assert os.path.basename(new).startswith(f"arrayrecord-{os.getpid()}-") and new.endswith(".tmp")
     os.remove(new)
     assert sorted(os.listdir(tmp_path)) == sorted(n for k, n in names.items() if k != "dead")
+  finally:
+    live.kill()
+    live.wait()
+
+
+def test_temp_folders_of_killed_runs_are_removed_live_ones_and_other_hosts_stay(tmp_path):
+  from pipelines import run_tempdir
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  live = subprocess.Popen(["sleep", "60"])
+  try:
+    host = ondisk.this_process().host
+    names = {"dead": f"arrayrecord-run-{dead.pid}-0-k1llED@{host}",
+             "live": f"arrayrecord-run-{live.pid}-{ondisk._process_start(live.pid)}-aL1ve_@{host}",
+             "reused pid": f"arrayrecord-run-{live.pid}-1-0ldrun@{host}",
+             "other host": f"arrayrecord-run-{dead.pid}-0-elsew_@another-host",
+             "user": "arrayrecord-run-notes"}
+    for name in names.values():
+      (tmp_path / name / "beam-pipeline-temp1").mkdir(parents=True)
+    removed = run_tempdir.sweep_dead_runs(str(tmp_path))
+    assert sorted(removed) == sorted(str(tmp_path / names[k]) for k in ("dead", "reused pid"))
+    assert sorted(os.listdir(tmp_path)) == sorted(names[k] for k in ("live", "other host", "user"))
+    with run_tempdir.private_tempdir() as mine:  # In the default $TMPDIR: a run's own folder, gone after.
+      import tempfile
+      assert tempfile.gettempdir() == os.environ["TMPDIR"] == mine
+      assert os.path.basename(mine).startswith(f"arrayrecord-run-{os.getpid()}-")
+    assert not os.path.exists(mine) and tempfile.gettempdir() != mine
   finally:
     live.kill()
     live.wait()

@@ -64,7 +64,7 @@ def test_a_fifo_among_the_files_is_refused_instead_of_blocking_for_ever(one_shar
       os.close(fd)
   assert isinstance(e, ValueError) and isinstance(e, RuntimeError)  # Grain raises RuntimeError for bad files.
   assert str(e) == (f"{fifo} is not an ArrayRecord file: it is a FIFO (named pipe), not a regular file (reading "
-                    "it could block for ever); pass the ArrayRecord files themselves.")
+                    "it could block for ever); pass the data files themselves (copy the data to a regular file first).")
 
 
 def test_a_symbolic_link_loop_is_named_as_one_by_the_loader_and_the_converter(tmp_path, capsys):
