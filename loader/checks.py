@@ -16,11 +16,20 @@ MAX_SEED = 2**32 - 1
 
 
 def is_int(value: Any) -> bool:
-  return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+  """An int, numpy integer, or an integer scalar array (numpy's 0-d, JAX's: what `jnp.int32(4)` gives); not a bool."""
+  if isinstance(value, (bool, np.bool_)):
+    return False
+  if isinstance(value, (int, np.integer)):
+    return True
+  dtype = getattr(value, "dtype", None)
+  return (getattr(value, "shape", None) == () and hasattr(value, "__index__") and dtype is not None
+          and np.dtype(dtype).kind in "iu")
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
   """`value` as an int, or ValueError naming `name`, the value and the valid range."""
+  if is_int(value):
+    value = int(value)  # Compared as a Python int: a JAX int32 would overflow against large bounds.
   if not is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
     if minimum is not None and maximum is not None:
       want = f"an integer in [{minimum}, {maximum}]"
@@ -45,6 +54,10 @@ class SeedTypeError(TypeError, ValueError):
 def check_seed(seed: Any, what: str = "seed", *, any_size: bool = False) -> int:
   """A seed in [0, 2**32-1], as Grain's shuffles require; any size >= 0 with
   `any_size` (Grain's `seed()` and random maps hash it into a Philox key)."""
+  if isinstance(seed, (float, np.floating)) and float(seed).is_integer():
+    seed = int(seed)  # Grain takes 3.0 (numpy's SeedSequence does not take 1.5).
+  if is_int(seed):
+    seed = int(seed)
   if not is_int(seed) or seed < 0 or (not any_size and seed > MAX_SEED):
     # A number of the wrong kind or range is a bad value; anything else a bad type too.
     # (A float is a bad type, as numpy's SeedSequence, which Grain calls, says.)

@@ -167,15 +167,29 @@ class DataLoader:
     self._shard_options = _as_shard_options(shard_options, "shard_options")
     self._data_source = data_source
     self._sampler = sampler
-    self._operations = [pipeline_lib.resolve(op, i) for i, op in enumerate(operations)]
+    operations = list(operations)
+    self._ops = [pipeline_lib.resolve(op, i) for i, op in enumerate(operations)]
+    # The operations as given (clients look for their Batch there), BatchOperation made a Batch as in Grain.
+    self._operations = [transforms.Batch(op.batch_size, op.drop_remainder, op.batch_fn)
+                        if type(op) is ops_lib.BatchOperation else op for op in operations]  # pylint: disable=unidiomatic-typecheck
     self._read_options = _as_read_options(read_options)
     self._multiprocessing_options = _multiprocessing_options(worker_count, worker_buffer_size, enable_profiling)
-    self._pipeline = pipeline_lib.build(data_source, sampler, self._shard_options, self._operations,
+    self._pipeline = pipeline_lib.build(data_source, sampler, self._shard_options, self._ops,
                                         self._read_options, self._multiprocessing_options)
 
   @property
   def multiprocessing_options(self) -> options_lib.MultiprocessingOptions:
     return self._multiprocessing_options
+
+  @property
+  def _local_num_workers(self) -> int:
+    """Worker processes of this shard, at least 1 (Grain's private name)."""
+    return max(self._multiprocessing_options.num_workers, 1)
+
+  @property
+  def _global_num_workers(self) -> int:
+    """Worker processes of all shards (Grain's private name; clients divide batch counts by it)."""
+    return self._local_num_workers * self._shard_options.shard_count
 
   @property
   def _dataset(self) -> iter_dataset.IterDataset:
@@ -203,7 +217,7 @@ class DataLoader:
         "sampler": _stable_repr(self._sampler),
         "data_source": _source_repr(self._data_source),
         "shard": [self._shard_options.shard_index, self._shard_options.shard_count],
-        "operations": [op.descriptor for op in self._operations],
+        "operations": [op.descriptor for op in self._ops],
     }
 
   def _grain_position(self, consumed: int) -> dict[str, Any]:
@@ -252,7 +266,7 @@ class DataLoader:
     A custom Operation's position is the records it pulled, in both (what it
     buffered is lost on a restore, in both).
     """
-    return not any(op.kind == "flat_map" for op in self._operations)
+    return not any(op.kind == "flat_map" for op in self._ops)
 
   def _grain_consumed(self, state: dict[str, Any]) -> int:
     """Records of this shard that Grain's position keys say were consumed.

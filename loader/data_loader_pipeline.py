@@ -171,8 +171,9 @@ def resolve(op: Any, position: int) -> Op:
               or (hasattr(op, "batch_size") and not callable(op)))  # Duck-typed Batch.
   if is_batch:
     batch_fn = getattr(op, "batch_fn", None)
-    if legacy == "BatchOperation" and getattr(batch_fn, "__name__", "") == "_default_batch_fn":
-      batch_fn = None  # Grain's np.stack default: ours stacks the same numeric leaves.
+    if ((legacy == "BatchOperation" or isinstance(op, ops.BatchOperation))
+        and getattr(batch_fn, "__name__", "") == "_default_batch_fn"):
+      batch_fn = None  # BatchOperation's default (Grain's np.stack): ours stacks the same numeric leaves.
     return Op("batch", batch_fn,
                batch_size=checks.check_int(op.batch_size, f"{what}.batch_size", minimum=1),
                drop_remainder=bool(getattr(op, "drop_remainder", False)))

@@ -82,6 +82,8 @@ def _wrap_set_state(fn):
       return fn(self, state_lib.strip(state))
     description = self._state_description()  # pylint: disable=protected-access
     foreign = False
+    if not (user_defined or state_lib.has_user_iterator(getattr(self, "_loader_dataset", None))):
+      state = state_lib.plain(state)  # A user's iterator may want its numpy values as they are.
     if not isinstance(state, dict) and user_defined:
       description = None  # A custom iterator's own non-dict state: its set_state checks it.
     if description is not None:

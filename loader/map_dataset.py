@@ -81,6 +81,8 @@ class _MapDatasetMeta(abc.ABCMeta):
     # Lazy: transformations import map_dataset.
     from loader.transformations import select  # pylint: disable=g-import-not-at-top
 
+    if selection_map is None:  # Grain then mixes the datasets in equal proportions.
+      return cls.mix(datasets)
     return select.select_from_datasets(datasets, selection_map)
 
 

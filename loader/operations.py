@@ -112,13 +112,18 @@ class BatchOperation(Generic[_IN, _OUT]):
   batch_fn: Callable[[Sequence[_IN]], _OUT] | None = None
 
   def __post_init__(self):
-    checks.check_int(self.batch_size, "batch_size", minimum=1)
+    self.batch_size = checks.check_int(self.batch_size, "batch_size", minimum=1)
+    if self.batch_fn is None:
+      self.batch_fn = self._default_batch_fn  # As Grain's: clients call or inspect op.batch_fn.
+
+  def _default_batch_fn(self, values: Sequence[_IN]) -> _OUT:
+    return _make_record_batch(values)
 
   def disable_deprecation_message(self) -> None:
     """Grain's switch for its deprecation log line; loader logs none."""
 
   def __call__(self, input_iterator: Iterator[record.Record[_IN]]) -> Iterator[record.Record[_OUT]]:
-    batch_fn = self.batch_fn or _make_record_batch
+    batch_fn = self.batch_fn or self._default_batch_fn
     values: list[Any] = []
     last = None
     for r in input_iterator:

@@ -20,9 +20,11 @@ import dataclasses
 from loader.checks import check_int
 
 
-def _check_chunk_size(chunk_size: int | None) -> None:
-  if chunk_size is not None:
-    check_int(chunk_size, "chunk_size", minimum=1)
+def _as_int(options, name: str, **limits) -> None:
+  """Checks an integer field and stores it as a Python int (a numpy or JAX integer scalar is taken)."""
+  value = getattr(options, name)
+  if value is not None or name != "chunk_size":
+    object.__setattr__(options, name, check_int(value, name, **limits))
 
 
 def _validated_setattr(self, name, value):
@@ -66,9 +68,9 @@ class ReadOptions:
   chunk_size: int | None = None
 
   def __post_init__(self):
-    check_int(self.num_threads, "num_threads", minimum=0)
-    check_int(self.prefetch_buffer_size, "prefetch_buffer_size", minimum=0)
-    _check_chunk_size(self.chunk_size)
+    _as_int(self, "num_threads", minimum=0)
+    _as_int(self, "prefetch_buffer_size", minimum=0)
+    _as_int(self, "chunk_size", minimum=1)
 
   __setattr__ = _validated_setattr
 
@@ -111,12 +113,12 @@ class MultiprocessingOptions:
   workers_run_main: bool = True
 
   def __post_init__(self):
-    check_int(self.num_workers, "num_workers", minimum=0)
+    _as_int(self, "num_workers", minimum=0)
     # Checked where workers start (mp_prefetch), as Grain does: with no workers any value goes.
-    check_int(self.per_worker_buffer_size, "per_worker_buffer_size")
+    _as_int(self, "per_worker_buffer_size")
     if not isinstance(self.enable_profiling, bool):
       raise ValueError(f"enable_profiling must be True or False (got enable_profiling={self.enable_profiling!r}).")
-    _check_chunk_size(self.chunk_size)
+    _as_int(self, "chunk_size", minimum=1)
     if not isinstance(self.workers_run_main, bool):
       raise ValueError(f"workers_run_main must be True or False (got workers_run_main={self.workers_run_main!r}).")
 

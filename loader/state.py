@@ -1,17 +1,21 @@
 """Self-describing iterator states: what a checkpoint says about its pipeline.
 
 Every state returned by `get_state()` of an iterator made by `iter(dataset)`
-carries, besides the position, the format version and a description of the
-pipeline it belongs to: one short string per operation, e.g.
-`["source(ArrayRecordSource(8 files, 200000 records))", "shuffle(seed=42)",
-"map(parse)", "to_iter_dataset()", "batch(32, drop_remainder=True)"]`.
-`set_state` compares that description with its own pipeline and refuses a
-state from another pipeline, naming the first operation that differs.
+carries, besides the position, the format version and a fingerprint of the
+pipeline it belongs to: one integer per operation, a hash of its description
+(`describe`), e.g. of `["source(ArrayRecordSource(8 files, 200000 records))",
+"shuffle(seed=42)", "map(parse)", "to_iter_dataset()", "batch(32,
+drop_remainder=True)"]`. Integers, not the strings: a state is then a pytree
+of ints, floats, bools and None, as Grain's are, which Orbax's
+`StandardSave` and `jax.tree` functions take. `set_state` compares the
+fingerprint with its own pipeline's and refuses a state from another
+pipeline, naming the first of its operations that differs. States of format
+version 4 and before hold the strings themselves; they still restore.
 
 Operations that do not change the stream (`mp_prefetch`, `prefetch`) are left
 out, so a state restores into any worker count or prefetch setting.
 
-States without a description (written by Grain, or by hand) are *foreign*.
+States without a fingerprint (written by Grain, or by hand) are *foreign*.
 They are accepted only where our stream provably equals Grain's for the same
 pipeline (Grain's shuffles included; no random_map or other operation whose
 stream is not pinned to Grain's by a test), and
@@ -21,11 +25,19 @@ resumed at a different element.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-VERSION = 4
+import numpy as np
+
+from loader import checks
+
+VERSION = 5
+# Version 4 described the pipeline with strings (now their fingerprints); its
+# states, and those of the versions below it that it read, still restore.
+_TEXT_VERSION = 4
 # Version 2 shuffled in another order (before shuffles followed Grain's): its
 # states still resume pipelines without a shuffle.
 _SHUFFLE_FREE_VERSIONS = (2,)
@@ -175,8 +187,42 @@ def stamp(state: Any, description: Sequence[str]) -> dict[str, Any]:
     state = {_WRAPPED_KEY: state}
   out = dict(state)
   out[VERSION_KEY] = VERSION
-  out[PIPELINE_KEY] = list(description)
+  out[PIPELINE_KEY] = fingerprint(description)
   return out
+
+
+def plain(state: Any) -> Any:
+  """`state` with numpy (or JAX) scalars and 0-d arrays as Python ones, lists and dicts kept.
+
+  What `jax.tree.map(np.asarray, state)` or a checkpoint library made of a
+  state restores like the state itself, as on Grain, whose states are
+  plain numbers too.
+  """
+  if isinstance(state, dict):
+    return {k: plain(v) for k, v in state.items()}
+  if isinstance(state, (list, tuple)):
+    return type(state)(plain(v) for v in state) if type(state) in (list, tuple) else state
+  if isinstance(state, (bool, int, float, str, type(None))):
+    return state
+  if isinstance(state, np.generic) or (getattr(state, "shape", None) == () and hasattr(state, "__array__")):
+    return np.asarray(state).item()
+  return state
+
+
+def _hash(text: str, bits: int) -> int:
+  return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") >> (32 - bits)
+
+
+def fingerprint(description: Sequence[str]) -> list[int]:
+  """One non-negative integer below 2**63 (an int64) per operation of a pipeline `description`.
+
+  Its high 31 bits hash the operation without its sources' identity (the
+  hash of their file names), the low 32 bits all of it: a refusal can then
+  tell other files of the same counts from another operation. A batch
+  folded into to_iter_dataset() is fingerprinted as the batch after it
+  (see `_unfold_batches`): the two name one stream.
+  """
+  return [_hash(_SOURCE_IDENTITY.sub("", op), 31) << 32 | _hash(op, 32) for op in _unfold_batches(description)]
 
 
 def strip(state: Any) -> Any:
@@ -193,17 +239,45 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
         f"{owner}.set_state expects the dict returned by get_state() (got {type(state).__name__}: {state!r:.200}).")
   version = state.get(VERSION_KEY)
   saved = state.get(PIPELINE_KEY)
+  if version == VERSION and isinstance(saved, list) and all(checks.is_int(h) for h in saved):
+    _check_fingerprint([int(h) for h in saved], list(description), owner)
+    return
   if (version in _BATCH_COUNTING_VERSIONS and isinstance(saved, list)
       and not any("to_iter_dataset(unit=" in str(op) for op in saved)
       and (version not in _SHUFFLE_FREE_VERSIONS or not any("shuffle" in str(op) for op in saved))):
-    version = VERSION
-  if version != VERSION:
+    version = _TEXT_VERSION
+  if version not in (VERSION, _TEXT_VERSION):
     raise StateMismatchError(
         f"{owner}.set_state: state format version {version!r} is not supported by this loader "
-        f"(it reads version {VERSION}); restart the iterator or use the loader version that wrote it.")
-  if not isinstance(saved, list) or not all(isinstance(s, str) for s in saved):
+        f"(it reads versions {_TEXT_VERSION} and {VERSION}); restart the iterator or use the loader version "
+        "that wrote it.")
+  if version == VERSION or not isinstance(saved, list) or not all(isinstance(s, str) for s in saved):
     raise StateMismatchError(f"{owner}.set_state: the state's {PIPELINE_KEY!r} entry is damaged: {saved!r:.200}")
-  mine = list(description)
+  _check_text(saved, list(description), owner)
+
+
+def _check_fingerprint(saved: list[int], mine: list[str], owner: str) -> None:
+  ops, ours = _unfold_batches(mine), fingerprint(mine)
+  if saved == ours:
+    return
+  for i, (a, b) in enumerate(zip(saved, ours)):
+    if a != b:
+      hint = (" (the same number of files and records, but other file names or the files in another order)"
+              if a >> 32 == b >> 32 and _SOURCE_IDENTITY.search(ops[i]) else "")
+      raise StateMismatchError(
+          f"{owner}.set_state: this state was saved from a different pipeline: its operation {i} is not "
+          f"{ops[i]!r} as in this one{hint} (this pipeline: {' -> '.join(ops)}).")
+  if len(saved) > len(ours):
+    which, extra = "saved pipeline", f" {len(saved) - len(ours)} more operation(s)"
+  else:
+    which, extra = "this pipeline", f" the extra operation(s) {ops[len(saved):]}"
+  raise StateMismatchError(
+      f"{owner}.set_state: this state was saved from a different pipeline: the {which} has{extra} "
+      f"(this pipeline: {' -> '.join(ops)}).")
+
+
+def _check_text(saved: list[str], mine: list[str], owner: str) -> None:
+  """`check` of a version 4 (or older) state, which describes its pipeline with strings."""
   if saved == mine or same_but_for_source_identity(saved, mine):
     return
   unfolded_saved, unfolded_mine = _unfold_batches(saved), _unfold_batches(mine)

@@ -90,7 +90,7 @@ class Batch:
   batch_fn: Callable[[Sequence[Any]], Any] | None = None
 
   def __post_init__(self):
-    checks.check_int(self.batch_size, "batch_size", minimum=1)
+    object.__setattr__(self, "batch_size", checks.check_int(self.batch_size, "batch_size", minimum=1))
 
 
 class DatasetSelectionMap(abc.ABC):

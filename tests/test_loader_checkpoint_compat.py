@@ -43,16 +43,71 @@ def test_state_is_json_and_self_describing():
   assert json.loads(json.dumps(state)) == state
   assert state["loader_state_version"] == state_lib.VERSION
   # The map may return None, which to_iter_dataset() drops: the batch runs after it.
-  assert state["pipeline"] == ["source(range(0, 50))", "shuffle(seed=1)", "map",
-                               "to_iter_dataset()", "batch(4, drop_remainder=False)"]
+  description = ["source(range(0, 50))", "shuffle(seed=1)", "map", "to_iter_dataset()",
+                 "batch(4, drop_remainder=False)"]
+  assert state_lib.describe(_pipeline()) == description
+  assert state["pipeline"] == state_lib.fingerprint(description)
+  assert all(type(h) is int and 0 <= h < 2**63 for h in state["pipeline"])
   assert state["next_index"] == 12  # As Grain's state: elements before the batch after to_iter_dataset().
 
 
+def _text_state(state, description):
+  """`state` as format version 4 wrote it: the pipeline described by strings."""
+  return {**state, "loader_state_version": 4, "pipeline": list(description)}
+
+
+def test_states_are_pytrees_of_numbers_that_orbax_standard_save_round_trips(tmp_path):
+  # A client pattern: the iterator's state saved as a pytree beside the model's (NNX examples).
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  pipelines = {
+      "batch": _pipeline,
+      "mix": lambda: loader.IterDataset.mix([_pipeline(), _pipeline(seed=2)], [0.3, 0.7]),
+      "window shuffle": lambda: loader.experimental.WindowShuffleIterDataset(_pipeline(), window_size=3, seed=5),
+  }
+  manager = ocp.CheckpointManager(str(tmp_path), item_names=tuple(pipelines),
+                                  item_handlers={k: ocp.StandardCheckpointHandler() for k in pipelines})
+  iterators = {k: iter(make()) for k, make in pipelines.items()}
+  for it in iterators.values():
+    take(it, 3)
+  manager.save(3, args=ocp.args.Composite(**{k: ocp.args.StandardSave(it.get_state())
+                                             for k, it in iterators.items()}))
+  manager.wait_until_finished()
+  restored = manager.restore(3, args=ocp.args.Composite(**{k: ocp.args.StandardRestore() for k in pipelines}))
+  for k, make in pipelines.items():
+    resumed = iter(make())
+    resumed.set_state(restored[k])
+    assert_streams_equal(take(resumed, 4), take(iterators[k], 4))
+
+
+@pytest.mark.parametrize("convert", [lambda v: np.asarray(v), lambda v: np.int64(v) if type(v) is int else v])
+def test_states_with_numpy_numbers_restore(convert):
+  # jax.tree.map(np.asarray, state) and the like: Grain takes numpy numbers too.
+  import jax
+  make = lambda: loader.IterDataset.mix([_pipeline(), _pipeline(seed=2)], [0.3, 0.7])
+  it = iter(make())
+  take(it, 5)
+  resumed = iter(make())
+  resumed.set_state(jax.tree.map(convert, it.get_state()))
+  assert_streams_equal(take(resumed, 4), take(it, 4))
+
+
+def test_format_4_states_that_describe_the_pipeline_with_strings_still_restore_or_are_refused():
+  state = _state_after(_pipeline(), 3)
+  old = _text_state(state, state_lib.describe(_pipeline()))
+  resumed, reference = iter(_pipeline()), iter(_pipeline())
+  resumed.set_state(old)
+  take(reference, 3)
+  assert_streams_equal(take(resumed, 5), take(reference, 5))
+  with pytest.raises(state_lib.StateMismatchError, match="operation 1 is 'shuffle.seed=1.' in the saved pipeline "
+                                                         "but 'shuffle.seed=2.' in this one"):
+    iter(_pipeline(seed=2)).set_state(old)
+
+
 @pytest.mark.parametrize("other, difference", [
-    (dict(seed=2), "'shuffle(seed=1)' in the saved pipeline but 'shuffle(seed=2)' in this one"),
-    (dict(batch=8), "'batch(4, drop_remainder=False)' in the saved pipeline but 'batch(8, drop_remainder=False)'"),
-    (dict(n=60), "'source(range(0, 50))' in the saved pipeline but 'source(range(0, 60))'"),
-    (dict(extra=True), "operation 3 is 'to_iter_dataset()' in the saved pipeline but 'filter'"),
+    (dict(seed=2), "its operation 1 is not 'shuffle(seed=2)' as in this one"),
+    (dict(batch=8), "its operation 4 is not 'batch(8, drop_remainder=False)' as in this one"),
+    (dict(n=60), "its operation 0 is not 'source(range(0, 60))' as in this one"),
+    (dict(extra=True), "its operation 3 is not 'filter' as in this one"),
 ])
 def test_state_from_another_pipeline_is_refused_naming_the_difference(other, difference):
   state = _state_after(_pipeline(), 3)
@@ -133,7 +188,8 @@ def test_states_saved_before_sources_had_an_identity_still_resume(tmp_path):
   make = lambda: loader.MapDataset.source(loader.ArrayRecordSource([f["a"], f["b"]])).shuffle(seed=42).batch(
       10).to_iter_dataset()
   state = _state_after(make(), 7)
-  old = {**state, "pipeline": [state["pipeline"][0].split(", files_hash=")[0] + "))", *state["pipeline"][1:]]}
+  text = state_lib.describe(make())
+  old = _text_state(state, [text[0].split(", files_hash=")[0] + "))", *text[1:]])
   assert old["pipeline"][0] == "source(ArrayRecordSource(2 files, 300 records))"
   it, reference = iter(make()), iter(make())
   it.set_state(old)
@@ -296,13 +352,14 @@ def test_grain_state_through_folded_iterator_stages_resumes_at_every_step(name):
 def test_states_of_the_previous_format_restore_only_without_a_shuffle():
   # Version 2 shuffled in another order: its positions mean other elements now.
   plain = loader.MapDataset.range(20).map(lambda x: x + 1).batch(2).to_iter_dataset()
-  state = {**_state_after(plain, 3), "loader_state_version": 2}
+  state = {**_text_state(_state_after(plain, 3), state_lib.describe(plain)), "loader_state_version": 2}
   it = iter(plain)
   it.set_state(state)
   assert next(it).tolist() == [7, 8]
   shuffled = loader.MapDataset.range(20).shuffle(seed=1).batch(2).to_iter_dataset()
   with pytest.raises(state_lib.StateMismatchError, match="format version 2 is not supported"):
-    iter(shuffled).set_state({**_state_after(shuffled, 2), "loader_state_version": 2})
+    iter(shuffled).set_state({**_text_state(_state_after(shuffled, 2), state_lib.describe(shuffled)),
+                              "loader_state_version": 2})
 
 
 def test_states_that_counted_batches_after_to_iter_dataset_are_refused():
@@ -311,10 +368,11 @@ def test_states_that_counted_batches_after_to_iter_dataset_are_refused():
   state = _state_after(folded, 3)
   assert state["next_index"] == 6
   with pytest.raises(state_lib.StateMismatchError, match="format version 3 is not supported"):
-    iter(folded).set_state({**state, "next_index": 3, "loader_state_version": 3})
+    iter(folded).set_state({**_text_state(state, state_lib.describe(folded)), "next_index": 3,
+                            "loader_state_version": 3})
   unfolded = loader.MapDataset.range(20).shuffle(seed=1).batch(2).to_iter_dataset()
   it = iter(unfolded)
-  it.set_state({**_state_after(unfolded, 3), "loader_state_version": 3})
+  it.set_state({**_text_state(_state_after(unfolded, 3), state_lib.describe(unfolded)), "loader_state_version": 3})
   assert next(it).tolist() == list(loader.MapDataset.range(20).shuffle(seed=1).batch(2)[3])
 
 
@@ -401,8 +459,8 @@ def test_states_saved_before_array_record_data_source_had_an_identity_still_resu
       loader.MapDataset.source(loader.sources.ArrayRecordDataSource([f["b"] + "[5:50]"]))]).to_iter_dataset()
   state = _state_after(make(), 7)
   old = json.loads(re.sub(r"(ArrayRecordDataSource\([^()]*?), files_hash=[0-9a-f]{8}(, ranges_hash=[0-9a-f]{8})?",
-                          r"\1", json.dumps(state)))
-  assert old != state and "files_hash" in json.dumps(old)  # ArrayRecordSource's is kept.
+                          r"\1", json.dumps(_text_state(state, state_lib.describe(make())))))
+  assert old["pipeline"] != state_lib.describe(make()) and "files_hash" in json.dumps(old)  # ArrayRecordSource's is kept.
   it, reference = iter(make()), iter(make())
   it.set_state(old)
   take(reference, 7)
@@ -444,10 +502,10 @@ def test_states_of_folded_batches_after_a_map_restore_into_the_sequential_batche
   take(it, 2)
   state = it.get_state()
   rest = [b.tolist() for b in it]
-  assert state["pipeline"][-3:] == ["to_iter_dataset()", "batch(2, drop_remainder=False)",
-                                    "batch(3, drop_remainder=False)"]
-  saved_before = {**state, "pipeline": state["pipeline"][:-3] + [
-      "batch(2, drop_remainder=False)", "batch(3, drop_remainder=False)", "to_iter_dataset(unit=6)"]}
+  text = state_lib.describe(make())
+  assert text[-3:] == ["to_iter_dataset()", "batch(2, drop_remainder=False)", "batch(3, drop_remainder=False)"]
+  saved_before = _text_state(state, text[:-3] + [
+      "batch(2, drop_remainder=False)", "batch(3, drop_remainder=False)", "to_iter_dataset(unit=6)"])
   again = iter(make())
   again.set_state(saved_before)
   assert [b.tolist() for b in again] == rest

@@ -63,6 +63,8 @@ _MAX_TABLE = 1 << 20  # Period table entries; beyond, use the formula per index.
 
 
 def _check_weight(w: Any, name: str) -> float:
+  if not isinstance(w, numbers.Real) and getattr(w, "shape", None) == () and hasattr(w, "__float__"):
+    w = float(w)  # A JAX scalar, or a 0-d array.
   if not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
     raise ValueError(f"Mixing weights must be positive finite numbers (got {name}={w!r}).")
   return w
@@ -88,13 +90,14 @@ def _flatten(datasets: Any, weights: Any, what: str) -> tuple[tuple[str, ...] | 
   if not flat:
     raise ValueError(f"{what} needs at least one dataset.")
   if weights is not None:
+    if not _is_collection(weights) and getattr(weights, "ndim", None) == 1 and hasattr(weights, "__array__"):
+      weights = np.asarray(weights)  # A JAX array.
     if not _is_collection(weights):
       raise TypeError(f"{what}: weights must be a list, array or dict of numbers, got {weights!r}.")
     weights = weights.tolist() if isinstance(weights, np.ndarray) else list(weights)
     if len(weights) != len(flat):
       raise ValueError(f"{what}: got {len(weights)} weights for {len(flat)} datasets.")
-    for i, w in enumerate(weights):
-      _check_weight(w, f"weights[{names[i] if names else i}]")
+    weights = [_check_weight(w, f"weights[{names[i] if names else i}]") for i, w in enumerate(weights)]
   return names, flat, weights
 
 
