@@ -322,9 +322,9 @@ def _decode(state: Any) -> dict[str, Any]:
   if isinstance(state, str):
     try:
       state = json.loads(state)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"DataLoader state is not JSON ({e}); pass the bytes DataLoaderIterator.get_state() "
-                       "returned.") from e
+    except json.JSONDecodeError as e:  # Raised as such (a ValueError), as Grain's: clients catch it.
+      raise json.JSONDecodeError(f"DataLoader state is not JSON ({e.msg}); pass the bytes "
+                                 "DataLoaderIterator.get_state() returned. At", e.doc, e.pos) from e
   if not isinstance(state, dict):
     raise ValueError(f"DataLoader state must be the JSON bytes DataLoaderIterator.get_state() returned "
                      f"(got {type(state).__name__}).")

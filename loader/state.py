@@ -256,6 +256,10 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
   _check_text(saved, list(description), owner)
 
 
+_ON_PURPOSE = (" If the pipeline was changed on purpose, set_state(loader.state.strip(state)) resumes at the "
+               "state's position where that is exact, as Grain would.")
+
+
 def _check_fingerprint(saved: list[int], mine: list[str], owner: str) -> None:
   ops, ours = _unfold_batches(mine), fingerprint(mine)
   if saved == ours:
@@ -266,14 +270,14 @@ def _check_fingerprint(saved: list[int], mine: list[str], owner: str) -> None:
               if a >> 32 == b >> 32 and _SOURCE_IDENTITY.search(ops[i]) else "")
       raise StateMismatchError(
           f"{owner}.set_state: this state was saved from a different pipeline: its operation {i} is not "
-          f"{ops[i]!r} as in this one{hint} (this pipeline: {' -> '.join(ops)}).")
+          f"{ops[i]!r} as in this one{hint} (this pipeline: {' -> '.join(ops)}).{_ON_PURPOSE}")
   if len(saved) > len(ours):
     which, extra = "saved pipeline", f" {len(saved) - len(ours)} more operation(s)"
   else:
     which, extra = "this pipeline", f" the extra operation(s) {ops[len(saved):]}"
   raise StateMismatchError(
       f"{owner}.set_state: this state was saved from a different pipeline: the {which} has{extra} "
-      f"(this pipeline: {' -> '.join(ops)}).")
+      f"(this pipeline: {' -> '.join(ops)}).{_ON_PURPOSE}")
 
 
 def _check_text(saved: list[str], mine: list[str], owner: str) -> None:
@@ -289,11 +293,11 @@ def _check_text(saved: list[str], mine: list[str], owner: str) -> None:
               if _SOURCE_IDENTITY.sub("", a) == _SOURCE_IDENTITY.sub("", b) else "")
       raise StateMismatchError(
           f"{owner}.set_state: this state was saved from a different pipeline: operation {i} is "
-          f"{a!r} in the saved pipeline but {b!r} in this one{hint} (saved: {' -> '.join(saved)}).")
+          f"{a!r} in the saved pipeline but {b!r} in this one{hint} (saved: {' -> '.join(saved)}).{_ON_PURPOSE}")
   longer, which = (saved, "saved pipeline") if len(saved) > len(mine) else (mine, "this pipeline")
   raise StateMismatchError(
       f"{owner}.set_state: this state was saved from a different pipeline: the {which} has the extra "
-      f"operation(s) {longer[min(len(saved), len(mine)):]} (saved: {' -> '.join(saved)}).")
+      f"operation(s) {longer[min(len(saved), len(mine)):]} (saved: {' -> '.join(saved)}).{_ON_PURPOSE}")
 
 
 _FOLDED_UNIT = re.compile(r"to_iter_dataset\(unit=(\d+)\)")

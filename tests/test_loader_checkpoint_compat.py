@@ -118,6 +118,20 @@ def test_state_from_another_pipeline_is_refused_naming_the_difference(other, dif
   assert "\n" not in str(info.value)
 
 
+def test_a_state_of_a_pipeline_changed_on_purpose_resumes_once_stripped():
+  # E.g. a normalising map added before resuming: the refusal says how to resume anyway, as Grain would.
+  before = loader.MapDataset.range(40).shuffle(seed=1).batch(2).to_iter_dataset()
+  after = loader.MapDataset.range(40).shuffle(seed=1).map(lambda x: x * 10).batch(2).to_iter_dataset()
+  it = iter(before)
+  take(it, 3)
+  state = it.get_state()
+  with pytest.raises(state_lib.StateMismatchError, match=r"set_state\(loader.state.strip\(state\)\) resumes"):
+    iter(after).set_state(state)
+  resumed = iter(after)
+  resumed.set_state(loader.state.strip(state))
+  assert_streams_equal(take(resumed, 4), [b * 10 for b in take(it, 4)])
+
+
 def _array_record_files(directory, counts):
   from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
   paths = {}

@@ -435,8 +435,9 @@ def test_foreign_states_are_refused():
   engine_state = iter(lp.MapDataset.range(5).to_iter_dataset()).get_state()
   for bad, message in ((engine_state, "Not a DataLoader state"), (b"{not json", "DataLoader state is not JSON"),
                        (json.dumps([1, 2]).encode(), "must be the JSON bytes")):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as e:
       iter(dl).set_state(bad)
+    assert isinstance(e.value, json.JSONDecodeError) == (bad == b"{not json")  # Grain's type, which clients catch.
 
 
 CHECKPOINT_CONFIGS = {
