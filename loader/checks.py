@@ -27,7 +27,8 @@ def is_int(value: Any) -> bool:
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
-  """`value` as an int, or ValueError naming `name`, the value and the valid range."""
+  """`value` as an int, or ValueError naming `name`, the value and the valid range (IntTypeError,
+  also a TypeError, where `value` is no integer)."""
   if is_int(value):
     value = int(value)  # Compared as a Python int: a JAX int32 would overflow against large bounds.
   if not is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
@@ -39,8 +40,18 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
       want = f"an integer <= {maximum}"
     else:
       want = "an integer"
-    raise ValueError(f"{name} must be {want} (got {name}={value!r}).")
+    # A value of another type (2.0, "2", None) is also a TypeError, as Grain's arithmetic on it raises.
+    error = ValueError if is_int(value) else IntTypeError
+    raise error(f"{name} must be {want} (got {name}={value!r}).")
   return int(value)
+
+
+class IntTypeError(TypeError, ValueError):
+  """A size, count or index that is not an integer (`batch(2.0)`, `repeat("2")`, `batch(None)`).
+
+  A TypeError as Grain's (which fails on it as soon as it computes with it), and
+  a ValueError, as loader's range checks raise.
+  """
 
 
 class ArgumentTypeError(ValueError, TypeError):

@@ -36,7 +36,9 @@ def record_rng(seed: int, index: int) -> np.random.Generator:
 
 def _check_num_records(num_records) -> int:
   if not checks.is_int(num_records) or num_records <= 0:
-    raise ValueError(f"A sampler needs num_records > 0 (got {num_records=!r}).")
+    # 5.0 or None is also a TypeError, as Grain's samplers raise.
+    error = ValueError if checks.is_int(num_records) else checks.IntTypeError
+    raise error(f"A sampler needs num_records > 0 (got {num_records=!r}).")
   return int(num_records)
 
 

@@ -109,7 +109,9 @@ class _Config:
           f"packed length, e.g. {{'inputs': 1024}} (got {length_struct!r}).")
     for k, v in length_struct.items():
       if not isinstance(k, str) or not checks.is_int(v) or v < 1:
-        raise ValueError(
+        # A length that is no int (4.0, "4") is also a TypeError, as Grain's splitter raises.
+        error = checks.IntTypeError if isinstance(k, str) and not checks.is_int(v) else ValueError
+        raise error(
             "ConcatThenSplitIterDataset: length_struct must map feature names to positive ints "
             f"(got {k!r}: {v!r} in {length_struct!r}).")
     for name, value in (("meta_features", meta_features), ("bos_features", bos_features)):

@@ -68,7 +68,9 @@ def make_spec(owner: str, *, length_struct: Any, num_packing_bins: Any, meta_fea
         f"e.g. {{'inputs': 1024, 'targets': 1024}} (got {length_struct!r}).")
   for k, v in length_struct.items():
     if not isinstance(k, str) or not checks.is_int(v) or v < 1:
-      raise ValueError(
+      # A length that is no int (4.0, "4") is also a TypeError, as Grain's packers raise.
+      error = checks.IntTypeError if isinstance(k, str) and not checks.is_int(v) else ValueError
+      raise error(
           f"{owner}: length_struct must map feature names to positive ints "
           f"(got {k!r}: {v!r} in {length_struct!r}).")
   num_bins = checks.check_int(num_packing_bins, "num_packing_bins", minimum=1)
