@@ -7,7 +7,7 @@ come out of numpy code); bools are rejected (True as a batch size is a bug).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
   also a TypeError, where `value` is no integer)."""
   if is_int(value):
     value = int(value)  # Compared as a Python int: a JAX int32 would overflow against large bounds.
-  if not is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+  if type(value) is not int or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
     if minimum is not None and maximum is not None:
       want = f"an integer in [{minimum}, {maximum}]"
     elif minimum is not None:
@@ -40,10 +40,29 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
       want = f"an integer <= {maximum}"
     else:
       want = "an integer"
-    # A value of another type (2.0, "2", None) is also a TypeError, as Grain's arithmetic on it raises.
-    error = ValueError if is_int(value) else IntTypeError
-    raise error(f"{name} must be {want} (got {name}={value!r}).")
-  return int(value)
+    raise int_error(value)(f"{name} must be {want} (got {name}={value!r}).")
+  return value
+
+
+def int_error(value: Any) -> type[ValueError]:
+  """The class to raise for a bad size `value`: IntTypeError where it is no integer, else ValueError.
+
+  A value of another type (2.0, "2", None) is also a TypeError, as Grain's
+  arithmetic on it raises.
+  """
+  return ValueError if is_int(value) else IntTypeError
+
+
+def check_length_struct(length_struct: Any, owner: str, example: str) -> None:
+  """Checks a packer's `length_struct` (feature name -> positive int); errors name `owner`."""
+  if not isinstance(length_struct, Mapping) or not length_struct:
+    raise ValueError(f"{owner}: length_struct must be a non-empty dict of feature name -> packed length, "
+                     f"e.g. {example} (got {length_struct!r}).")
+  for k, v in length_struct.items():
+    if not isinstance(k, str) or not is_int(v) or v < 1:
+      error = int_error(v) if isinstance(k, str) else ValueError
+      raise error(f"{owner}: length_struct must map feature names to positive ints "
+                  f"(got {k!r}: {v!r} in {length_struct!r}).")
 
 
 class IntTypeError(TypeError, ValueError):

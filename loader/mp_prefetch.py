@@ -27,6 +27,8 @@ from __future__ import annotations
 import ast
 import collections
 import contextlib
+import functools
+import io
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -85,7 +87,9 @@ def _dumps(obj: Any) -> bytes:
           "mp_prefetch could not pickle the pipeline (lambdas and local "
           "functions need cloudpickle: pip install cloudpickle).") from e
   try:
-    return cloudpickle.dumps(obj)
+    buffer = io.BytesIO()
+    _pickler_class(cloudpickle)(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
   except Exception as e:  # pylint: disable=broad-except
     # Keeps its type (as Grain's own cloudpickling raises it); the note says where it came from.
     e.add_note("mp_prefetch sends the pipeline (its sources and functions, with what they refer to) to its "
@@ -93,6 +97,30 @@ def _dumps(obj: Any) -> bytes:
                "(locks, open files, clients) inside the function, e.g. on its first call, or use num_workers=0 "
                "(DataLoader: worker_count=0).")
     raise
+
+
+@functools.cache
+def _pickler_class(cloudpickle: Any) -> type:
+  """cloudpickle's pickler, but code sent by value keeps its file name.
+
+  cloudpickle names such code `<dynamic-code>`, so a worker's traceback of a
+  map defined in the script would show neither the script nor the line's text.
+  """
+  dynamic = "<dynamic-code>"
+
+  class _Pickler(cloudpickle.CloudPickler):
+
+    def reducer_override(self, obj):
+      if type(obj) is types.CodeType:  # pylint: disable=unidiomatic-typecheck
+        reduced = self.dispatch_table[types.CodeType](obj)
+        if (isinstance(reduced, tuple) and len(reduced) == 2 and isinstance(reduced[1], tuple)
+            and reduced[1].count(dynamic) == 1):
+          constructor, args = reduced
+          return constructor, tuple(obj.co_filename if a == dynamic else a for a in args)
+        return reduced
+      return super().reducer_override(obj)
+
+  return _Pickler
 
 
 # Tasks a worker may have queued (see _WorkerPool.submit): far fewer than its

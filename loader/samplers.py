@@ -36,9 +36,7 @@ def record_rng(seed: int, index: int) -> np.random.Generator:
 
 def _check_num_records(num_records) -> int:
   if not checks.is_int(num_records) or num_records <= 0:
-    # 5.0 or None is also a TypeError, as Grain's samplers raise.
-    error = ValueError if checks.is_int(num_records) else checks.IntTypeError
-    raise error(f"A sampler needs num_records > 0 (got {num_records=!r}).")
+    raise checks.int_error(num_records)(f"A sampler needs num_records > 0 (got {num_records=!r}).")
   return int(num_records)
 
 

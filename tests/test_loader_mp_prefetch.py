@@ -974,3 +974,28 @@ def test_a_ctrl_c_while_the_parent_reads_a_full_workers_results_loses_no_chunk(m
         interrupts += 1
   assert fired and interrupts == 1
   assert got == list(range(2, 45))
+
+
+def test_a_worker_traceback_of_a_script_function_shows_the_script_and_its_line(tmp_path):
+  # cloudpickle sends `__main__` functions by value and names their code
+  # `<dynamic-code>`; the note must point at the script's own file and line.
+  script = tmp_path / "train.py"
+  script.write_text(textwrap.dedent("""
+      import loader
+
+      def parse(x):
+        return x // (x - 3)  # fails on record 3
+
+      if __name__ == "__main__":
+        ds = loader.MapDataset.range(8).map(parse).map(lambda y: y + 1)
+        it = iter(ds.to_iter_dataset().mp_prefetch(loader.MultiprocessingOptions(num_workers=2)))
+        try:
+          list(it)
+        except ZeroDivisionError as e:
+          print("\\n".join(e.__notes__))
+      """))
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": _ROOT}, check=True)
+  assert f'File "{script}", line 5, in parse' in proc.stdout
+  assert "return x // (x - 3)  # fails on record 3" in proc.stdout
+  assert "<dynamic-code>" not in proc.stdout

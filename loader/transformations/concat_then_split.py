@@ -103,17 +103,7 @@ class _Config:
 
   def __init__(self, length_struct: Any, meta_features: Collection[str], split_full_length_features: bool,
                bos_handling: Any, bos_features: Collection[str], bos_token_id: int | None):
-    if not isinstance(length_struct, Mapping) or not length_struct:
-      raise ValueError(
-          "ConcatThenSplitIterDataset: length_struct must be a non-empty dict of feature name -> "
-          f"packed length, e.g. {{'inputs': 1024}} (got {length_struct!r}).")
-    for k, v in length_struct.items():
-      if not isinstance(k, str) or not checks.is_int(v) or v < 1:
-        # A length that is no int (4.0, "4") is also a TypeError, as Grain's splitter raises.
-        error = checks.IntTypeError if isinstance(k, str) and not checks.is_int(v) else ValueError
-        raise error(
-            "ConcatThenSplitIterDataset: length_struct must map feature names to positive ints "
-            f"(got {k!r}: {v!r} in {length_struct!r}).")
+    checks.check_length_struct(length_struct, "ConcatThenSplitIterDataset", "{'inputs': 1024}")
     for name, value in (("meta_features", meta_features), ("bos_features", bos_features)):
       if isinstance(value, (str, bytes)):
         raise ValueError(f"ConcatThenSplitIterDataset: {name} must be a collection of feature names "

@@ -62,17 +62,7 @@ def make_spec(owner: str, *, length_struct: Any, num_packing_bins: Any, meta_fea
               pack_alignment_struct: Any, padding_struct: Any, max_sequences_per_bin: Any,
               shuffle_bins_group_by_feature: str | None, best_fit: bool) -> PackSpec:
   """Checks the arguments of a pack dataset; errors name `owner` and the bad value."""
-  if not isinstance(length_struct, Mapping) or not length_struct:
-    raise ValueError(
-        f"{owner}: length_struct must be a non-empty dict of feature name -> packed length, "
-        f"e.g. {{'inputs': 1024, 'targets': 1024}} (got {length_struct!r}).")
-  for k, v in length_struct.items():
-    if not isinstance(k, str) or not checks.is_int(v) or v < 1:
-      # A length that is no int (4.0, "4") is also a TypeError, as Grain's packers raise.
-      error = checks.IntTypeError if isinstance(k, str) and not checks.is_int(v) else ValueError
-      raise error(
-          f"{owner}: length_struct must map feature names to positive ints "
-          f"(got {k!r}: {v!r} in {length_struct!r}).")
+  checks.check_length_struct(length_struct, owner, "{'inputs': 1024, 'targets': 1024}")
   num_bins = checks.check_int(num_packing_bins, "num_packing_bins", minimum=1)
   if isinstance(meta_features, (str, bytes)):
     raise ValueError(f"{owner}: meta_features must be a list of feature names (got {meta_features!r}; "
