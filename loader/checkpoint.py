@@ -163,6 +163,9 @@ def load_state(path: str | os.PathLike) -> Any:
   except FileNotFoundError as e:
     raise FileNotFoundError(e.errno, f"No iterator state at {path}: check the path, or start from the "
                                      "beginning (a fresh iterator)") from None
+  except IsADirectoryError as e:
+    raise IsADirectoryError(e.errno, f"{path} is a directory, not an iterator state: pass the file save_state "
+                                     "wrote (for an Orbax checkpoint, restore with Orbax's CheckpointManager)") from None
   other = "restore from another checkpoint"
   if not raw.strip():
     raise ValueError(f"{path} is not a loader state file (it is empty: a save cut short?); {other}.")

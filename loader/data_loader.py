@@ -318,7 +318,12 @@ def _replace_position(state: Any, position: int) -> tuple[Any, int]:
 
 def _decode(state: Any) -> dict[str, Any]:
   if isinstance(state, (bytes, bytearray)):
-    state = state.decode()
+    try:
+      state = bytes(state).decode()
+    except UnicodeDecodeError as e:  # Its type kept, as Grain's decode raises it.
+      raise UnicodeDecodeError(e.encoding, e.object, e.start, e.end,
+                               f"{e.reason}; a DataLoader state is the JSON bytes DataLoaderIterator.get_state() "
+                               "returned (this is not: another file, or damaged?)") from None
   if isinstance(state, str):
     try:
       state = json.loads(state)

@@ -25,6 +25,7 @@ only a killed worker can have left behind.
 from __future__ import annotations
 
 import ast
+import atexit
 import collections
 import contextlib
 import functools
@@ -65,6 +66,33 @@ class ClosedWhileWaitingError(ValueError):
   def __init__(self):
     super().__init__("This iterator was closed (close() was called while it waited for a worker); "
                      "create a new one with iter(dataset).")
+
+
+_exiting = False
+
+
+def _note_exit() -> None:
+  global _exiting
+  _exiting = True
+
+
+@functools.cache
+def _watch_exit() -> None:
+  """Registers `_note_exit` after weakref.finalize's exit hook (which closes the pools): atexit runs it first."""
+  atexit.register(_note_exit)
+
+
+def _closed_while_waiting() -> ClosedWhileWaitingError:
+  """The error for a wait that close() cut short; at interpreter exit, no error at all.
+
+  Then only daemon threads still run (Python joined the others), and the exit
+  closed their pools: a thread still iterating waits here until the
+  interpreter stops it, as it would on a plain queue, rather than printing a
+  traceback that blames a close() the user never called.
+  """
+  if _exiting and threading.current_thread() is not threading.main_thread():
+    threading.Event().wait()
+  return ClosedWhileWaitingError()
 
 
 class WorkerError(RuntimeError):
@@ -479,6 +507,7 @@ class _WorkerPool:
     self.interrupted_waiting = False
     self._attached = 0
     self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash, self.pid)
+    _watch_exit()
 
   def register(self, ds: map_lib.MapDataset, num_threads: int) -> int:
     """Adds a part; the pool stops when every registered part has detached."""
@@ -566,7 +595,7 @@ class _WorkerPool:
 
   def raise_dead(self, w: int) -> None:
     if self.closed:  # close() in another thread stopped the workers under this wait.
-      raise ClosedWhileWaitingError()
+      raise _closed_while_waiting()
     proc = self.procs[w]
     proc.join(0.1)
     if self._tasks[w]:  # What the user's code was given: where to look (a map that crashes there?).
@@ -782,7 +811,7 @@ class MultiprocessChunkProducer:
       self.start()
       if c not in self._chunks:
         if self._pool.closed:
-          raise ClosedWhileWaitingError()  # Cleared by close() in another thread: not the end of the data.
+          raise _closed_while_waiting()  # Cleared by close() in another thread: not the end of the data.
         return None
       start, stop, w = self._chunks[c]
       if w == _LOCAL:
@@ -796,7 +825,7 @@ class MultiprocessChunkProducer:
       if self._pool.closed:  # close() in another thread: the workers are gone for good, nothing to restart.
         if isinstance(e, ClosedWhileWaitingError):
           raise
-        raise ClosedWhileWaitingError() from None  # E.g. a pipe closed under the wait.
+        raise _closed_while_waiting() from None  # E.g. a pipe closed under the wait.
       if self._pool.interrupted_waiting:
         raise  # Ctrl-C while waiting: the next call waits for the same chunk.
       # E.g. KeyboardInterrupt while a message was read or sent: it may be
@@ -813,7 +842,7 @@ class MultiprocessChunkProducer:
         ipc.release(msg[_DESC])  # Or the closing pool's sweep removes it.
       except OSError:
         pass
-      raise ClosedWhileWaitingError()
+      raise _closed_while_waiting()
     del self._chunks[c]
     self._pool.load[w] = max(0, self._pool.load[w] - (stop - start))
     _, _, _, _, desc, failure, seconds = msg

@@ -291,3 +291,5 @@ def test_restore_state_refusals_name_the_state_file(tmp_path):
   deep.write_text("[" * 100_000)  # json.loads would raise RecursionError.
   with pytest.raises(ValueError, match=r"deep.json is not a loader state file \(JSON nested too deeply\)"):
     loader.restore_state(str(deep), it)
+  with pytest.raises(IsADirectoryError, match=rf"{tmp_path} is a directory, not an iterator state: pass the file"):
+    loader.restore_state(tmp_path, it)

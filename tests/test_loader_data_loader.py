@@ -438,6 +438,9 @@ def test_foreign_states_are_refused():
     with pytest.raises(ValueError, match=message) as e:
       iter(dl).set_state(bad)
     assert isinstance(e.value, json.JSONDecodeError) == (bad == b"{not json")  # Grain's type, which clients catch.
+  with pytest.raises(UnicodeDecodeError, match=r"byte 0xff in position 0: .*the JSON bytes "
+                                               r"DataLoaderIterator.get_state\(\) returned"):  # Grain's type too.
+    iter(dl).set_state(b"\xff{}")
 
 
 CHECKPOINT_CONFIGS = {

@@ -999,3 +999,32 @@ def test_a_worker_traceback_of_a_script_function_shows_the_script_and_its_line(t
   assert f'File "{script}", line 5, in parse' in proc.stdout
   assert "return x // (x - 3)  # fails on record 3" in proc.stdout
   assert "<dynamic-code>" not in proc.stdout
+
+
+def test_a_daemon_thread_still_iterating_at_exit_ends_quietly_and_leaves_nothing(tmp_path):
+  # At exit the pools close under the daemon thread's wait; that is no error of the user's.
+  script = tmp_path / "daemon.py"
+  script.write_text(textwrap.dedent("""
+      import threading, time
+      import loader
+
+      def slow(x):
+        time.sleep(0.01)
+        return x
+
+      if __name__ == "__main__":
+        ds = loader.MapDataset.range(10**6).map(slow).batch(8).to_iter_dataset().mp_prefetch(
+            loader.MultiprocessingOptions(num_workers=2))
+        started = threading.Event()
+        def consume():
+          for _ in ds:
+            started.set()
+        threading.Thread(target=consume, daemon=True).start()
+        started.wait(60)
+        print(os.getpid(), flush=True)
+      """).replace("import threading", "import os, threading"))
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": _ROOT})
+  assert proc.returncode == 0, proc.stderr
+  assert "Traceback" not in proc.stderr and "closed" not in proc.stderr, proc.stderr
+  assert not shm_segments(prefix=f"arl{int(proc.stdout)}_")
