@@ -12,6 +12,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from converter import ConvertOptions, ConvertToArrayRecord, MatchFiles
+from pipelines import workers
 
 
 class PipelineOptionError(ValueError):
@@ -56,6 +57,18 @@ def pipeline_options(beam_args: Sequence[str], default_runner: str = "DirectRunn
     if not opts.view_as(StandardOptions).runner:
       opts.view_as(StandardOptions).runner = default_runner
   return opts
+
+
+def new_pipeline(options: PipelineOptions | None = None, cls: type[beam.Pipeline] = beam.Pipeline) -> beam.Pipeline:
+  """A pipeline, not yet run, on `options` (DirectRunner if none).
+
+  DirectRunner runs on FnApiRunner directly, as the CLI does: Beam's own
+  DirectRunner first tries to download and start Prism, which needs the
+  network and leaves empty temp folders behind when it falls back.
+  """
+  options = options or pipeline_options([])
+  direct = workers.is_direct(options.view_as(StandardOptions).runner or "DirectRunner")
+  return cls(runner=workers.local_runner(options) if direct else None, options=options)
 
 
 def add_conversion(p: beam.Pipeline, options: ConvertOptions, *,

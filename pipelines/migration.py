@@ -49,7 +49,7 @@ def convert_tf_to_arrayrecord_disk_match_shards(
       output_dir=args["output"], writer_options=args.get("writer_options", "group_size:1"),
       compression=args.get("compression", "auto"), on_corrupt=args.get("on_corrupt", "fail"),
       existing=args.get("existing", "error"))
-  p = beam.Pipeline(options=pipeline_options or build.pipeline_options([]))
+  p = build.new_pipeline(pipeline_options)
   build.add_conversion(p, options, patterns=patterns)
   return p
 
@@ -224,7 +224,7 @@ def convert_tf_to_arrayrecord_disk(
     if present:
       raise OutputExistsError(present, "would be replaced by re-sharding")
     _refuse_other_shard_counts(args["output"], num_shards, suffix)
-  p = _ReshardPipeline(options=pipeline_options or build.pipeline_options([]))
+  p = build.new_pipeline(pipeline_options, _ReshardPipeline)
   p.output_folder = os.path.dirname(ondisk.local_abspath(args["output"])) if ondisk.is_local(args["output"]) else None
   keyed = (p | "MatchInputs" >> MatchFiles(patterns)
            | "ReadAndKey" >> beam.ParDo(

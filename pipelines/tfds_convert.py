@@ -409,7 +409,7 @@ def build_tfds_pipeline(dataset_dir: str, out_dir: str | None,
   replaced by out_dir (None: in place).
   """
   plan = plan_tfds(dataset_dir, out_dir)
-  p = beam.Pipeline(options=pipeline_options)
+  p = build.new_pipeline(pipeline_options)
   add_tfds_conversion(p, plan, options)
   return p
 

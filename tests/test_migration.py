@@ -202,3 +202,25 @@ def test_reshard_refuses_to_add_a_set_of_another_shard_count_under_the_same_pref
                                               r"the prefix .*/s, which a reader of .*/s-\* would mix with these 3"):
     pipelines.convert_tf_to_arrayrecord_disk(num_shards=3, args=args, pipeline_options=PipelineOptions([]))
   assert sorted(os.listdir(prefix.parent)) == ["s-00000-of-00002.arrayrecord", "s-00001-of-00002.arrayrecord"]
+
+
+@pytest.mark.parametrize("function", ["convert_tf_to_arrayrecord_disk_match_shards", "convert_tf_to_arrayrecord_disk"])
+def test_api_runs_leave_nothing_in_tmpdir_and_skip_prism(tmp_path, inputs, ar_read, function):
+  # DirectRunner would first try to download Prism (network) and leave its
+  # empty beam-temp* folder behind when it falls back.
+  inp, recs = inputs
+  scratch = tmp_path / "scratch"
+  scratch.mkdir()
+  kwargs = {"args": {"input": str(inp / "*"), "output": str(tmp_path / "out")}}
+  if function == "convert_tf_to_arrayrecord_disk":
+    kwargs = {"num_shards": 2, "args": {"input": str(inp / "*"), "output": str(tmp_path / "out" / "x")}}
+  script = (f"import pipelines; p = pipelines.{function}(**{kwargs!r}); "
+            "print(type(p.runner).__name__); p.run().wait_until_finish()")
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
+                        env={**os.environ, "PYTHONPATH": REPO, "TMPDIR": str(scratch)})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split() == ["FnApiRunner"]
+  assert "prism" not in proc.stderr.lower()
+  assert not os.listdir(scratch)
+  written = [r for f in sorted((tmp_path / "out").iterdir()) if f.name != "manifest.json" for r in ar_read(str(f))]
+  assert collections.Counter(written) == collections.Counter(r for rs in recs.values() for r in rs)
