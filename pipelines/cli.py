@@ -42,7 +42,9 @@ def add_converter_flags(parser: argparse.ArgumentParser, *, io: bool = True) -> 
   group = parser.add_mutually_exclusive_group()
   group.add_argument("--overwrite", action="store_true", help="Replace existing outputs.")
   group.add_argument("--skip-existing", "--skip_existing", dest="skip_existing",
-                     action="store_true", help="Keep complete existing outputs (resume).")
+                     action="store_true",
+                     help="Keep existing outputs whose size and record count match (resume; records are not "
+                          "re-read: arrayrecord-verify checks content).")
 
 
 def converter_options(args: argparse.Namespace, output_dir: str | None = None) -> ConvertOptions:

@@ -422,7 +422,8 @@ def verify_tfds(plan: TfdsPlan, compression: str = "auto",
   pairs = [(i, o) for s in plan.splits for i, o in zip(s.inputs, s.outputs)]
   with concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
     return list(pool.map(
-        lambda io: verify.check_shard(io[0], io[1], expected.get(io[1]), compression), pairs))
+        lambda io: verify.check_shard(io[0], io[1], expected.get(io[1]), compression, convert="arrayrecord-tfds"),
+        pairs))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 import sys
 import threading
@@ -30,8 +31,8 @@ from pipelines import cli
 
 PROG = "arrayrecord-verify"
 
-__all__ = ["ShardCheck", "array_record_digest", "check_manifest", "check_shard", "main", "stray_outputs",
-           "tfrecord_digest", "verify"]
+__all__ = ["ShardCheck", "array_record_digest", "check_manifest", "check_shard", "coverage_notes", "main",
+           "stray_outputs", "tfrecord_digest", "unchecked_shards", "verify"]
 
 
 @dataclasses.dataclass
@@ -74,33 +75,155 @@ def _corrupt_input(e: CorruptRecordError, expected: dict | None, on_corrupt: str
           "arrayrecord-verify with --on-corrupt skip to compare the records that were kept")
 
 
+_CONVERT = "the conversion"  # What check_shard's advice reruns unless told the command.
+_BLOCK = 1024  # Output records read at a time when looking for the first bad one.
+_SHOWN = 3  # Unchecked manifest shards named in full.
+
+
+def _one_line(text: str) -> str:
+  """`text` on one line: a library's multi-line error joined with '; '."""
+  return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def _redo(out: str, convert: str) -> str:
+  """How to replace one damaged output: --skip-existing keeps a same-size file, so it goes first."""
+  return (f"delete {out} and rerun {convert} with --skip-existing to convert it again (or rerun with "
+          "--overwrite to convert everything again)")
+
+
+def _byte_offset(error: str) -> int | None:
+  """The byte offset array_record's error names ("...; at byte 50576"), if any."""
+  found = re.findall(r"\bat byte (\d+)", error)
+  return int(found[-1]) if found else None
+
+
+def _first_unreadable_record(path: str) -> tuple[int, int] | None:
+  """(index, record count) of the first record of a local ArrayRecord file that cannot be read.
+
+  None where no record can be read at all (a footer cut off or garbage: the
+  reader then counts 0 records) or for a remote file.
+  """
+  if not ondisk.is_local(path):
+    return None
+  from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
+  try:
+    reader = ArrayRecordReader(path, "readahead_buffer_size:0")
+  except (OSError, RuntimeError, ValueError):
+    return None
+  try:
+    n = reader.num_records()
+    for start in range(0, n, _BLOCK):
+      try:
+        reader.read(start, min(n, start + _BLOCK))
+        continue
+      except RuntimeError:
+        pass
+      for i in range(start, min(n, start + _BLOCK)):
+        try:
+          reader.read(i, i + 1)
+        except RuntimeError:
+          return i, n
+    return None
+  finally:
+    with contextlib.suppress(RuntimeError):  # The reader's status: the damage we already know.
+      reader.close()
+
+
+def _unreadable_output(out: str, e: Exception, convert: str) -> str:
+  reason = _one_line(e)
+  offset = _byte_offset(reason)
+  at = f", damaged at byte offset {offset}" if offset is not None else ""
+  bad = _first_unreadable_record(out)
+  where = (f"record {bad[0]} of {bad[1]} cannot be read{at}" if bad is not None
+           else f"no record can be read (its index is damaged or the file is cut short){at}")
+  said = f" (array_record: {reason})" if reason else ""  # A file cut at a block boundary: no message.
+  return f"unreadable output: {where}{said}: {_redo(out, convert)}"
+
+
+def _first_difference(inp: str, out: str, compression: str, on_corrupt: str) -> int | None:
+  """Index of the first record where a local output and its input differ.
+
+  Where one holds the other's records and more, that is the shorter one's
+  count. None if they are the same or cannot be re-read (a remote output).
+  """
+  if not ondisk.is_local(out):
+    return None
+  from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
+  try:
+    records = iter(TFRecordReader(inp, compression=compression, on_corrupt=on_corrupt))
+    reader = ArrayRecordReader(out, "readahead_buffer_size:0")
+    try:
+      n = reader.num_records()
+      for start in range(0, n, _BLOCK):
+        for i, got in enumerate(reader.read(start, min(n, start + _BLOCK)), start):
+          if next(records, None) != got:
+            return i
+    finally:
+      reader.close()
+    return n if next(records, None) is not None else None
+  except (ConversionError, OSError, RuntimeError, ValueError):  # Changed since it was digested.
+    return None
+
+
+def _differs(c: ShardCheck, expected: dict | None, first: int | None, convert: str) -> str:
+  """Why an output differs from its input, from which record, and which side changed."""
+  if c.input_records != c.output_records:
+    what = f"record count differs: input {c.input_records}, output {c.output_records}"
+    if first is not None:
+      shorter = "output" if c.output_records < c.input_records else "input"
+      what += f"; the first record that differs is record {first}" + (
+          f", which the {shorter} does not have (the records before it agree)"
+          if first == min(c.input_records, c.output_records) else "")
+  else:
+    what = "content differs (same count, different records or order)"
+    if first is not None:
+      what += f"; the first record that differs is record {first}"
+  digest = (expected or {}).get("digest")
+  if digest is not None and digest == c.output_digest and expected.get("records") == c.output_records:
+    return (f"{what}; {c.output} still matches the manifest's digest, so the input {c.input} changed "
+            f"since it was converted: if the input is right now, {_redo(c.output, convert)}; if not, keep "
+            "the output, it is the good copy")
+  if digest is not None:
+    what += f"; {c.output} no longer matches the manifest's digest either, so the output changed"
+  return f"{what}: {_redo(c.output, convert)}"
+
+
 def check_shard(inp: str, out: str, expected: dict | None, compression: str,
-                on_corrupt: str = "fail") -> ShardCheck:
+                on_corrupt: str = "fail", convert: str = _CONVERT) -> ShardCheck:
+  """Compares one input with its output and the manifest's entry for it.
+
+  `convert` is the command the advice reruns (default: "the conversion").
+  """
   c = ShardCheck(input=inp, output=out)
   if not _writer.exists(out):
-    c.problem = "output missing"
+    c.problem = f"output missing: rerun {convert} with --skip-existing to convert it"
     return c
   try:
     c.input_records, c.input_digest = tfrecord_digest(inp, compression, on_corrupt)
-    c.output_records, c.output_digest = array_record_digest(out)
-  except CorruptRecordError as e:  # The input's: the output reader raises no converter error.
-    c.problem = _corrupt_input(e, expected, on_corrupt)
+  except CorruptRecordError as e:
+    c.problem = _one_line(_corrupt_input(e, expected, on_corrupt))
     return c
   except (ConversionError, OSError, RuntimeError, ValueError) as e:
-    c.problem = f"unreadable: {e}"
+    c.problem = f"unreadable input: {_one_line(e)}"
     return c
-  if c.input_records != c.output_records:
-    c.problem = f"record count differs: input {c.input_records}, output {c.output_records}"
-  elif c.input_digest != c.output_digest:
-    c.problem = "content differs (same count, different records or order)"
+  try:
+    c.output_records, c.output_digest = array_record_digest(out)
+  except (ConversionError, OSError, RuntimeError, ValueError) as e:
+    c.problem = _unreadable_output(out, e, convert)
+    return c
+  if c.input_records != c.output_records or c.input_digest != c.output_digest:
+    c.problem = _differs(c, expected, _first_difference(inp, out, compression, on_corrupt), convert)
   elif expected is not None and expected.get("status") == "failed":
-    c.problem = "the manifest lists this shard as failed, yet the file is complete; rerun " \
-        "the conversion with --skip-existing to update the manifest"
+    c.problem = ("the manifest lists this shard as failed, yet the file is complete; rerun "
+                 f"{convert} with --skip-existing to update the manifest")
   elif expected is not None and expected.get("records") != c.output_records:
     c.problem = (f"the manifest says {expected.get('records')!r} records, the file has "
-                 f"{c.output_records}")
+                 f"{c.output_records} (as many as its input): rerun {convert} with --skip-existing "
+                 "to rewrite the manifest from the file")
   elif expected is not None and expected.get("digest") not in (None, c.output_digest):
-    c.problem = "output differs from the manifest's digest"
+    c.problem = (f"output differs from the manifest's digest ({expected.get('digest')}, the file's is "
+                 f"{c.output_digest}) though it matches its input {inp}: the manifest was edited, or input "
+                 f"and output both changed since; {_redo(out, convert)}")
   return c
 
 
@@ -150,7 +273,8 @@ def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
       return ShardCheck(input=inp, output=out, problem=(
           f"not listed in {path}, so readers of the dataset leave it out (input {inp}); rerun the "
           "conversion with --skip-existing to rewrite the manifest"))
-    return check_shard(inp, out, expected.get(ondisk.absolute(out)), compression, on_corrupt)
+    return check_shard(inp, out, expected.get(ondisk.absolute(out)), compression, on_corrupt,
+                       convert="arrayrecord-convert")
   # Reading releases the GIL in the ArrayRecord reader and crc32c.
   with concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
     return list(pool.map(check, zip(inputs, outputs)))
@@ -173,6 +297,36 @@ def stray_outputs(output_dir: str, checks: Sequence[ShardCheck], suffix: str = "
     strays.extend(path for name in sorted(files) if f".{suffix}" in name and not name.startswith(".")
                   and ondisk.absolute(path := os.path.join(root, name)) not in known)
   return strays
+
+
+def unchecked_shards(manifest: dict[str, Any] | None, checks: Sequence[ShardCheck]) -> list[dict[str, Any]]:
+  """The manifest's shards that no check covered: no --input matched their inputs (or those are gone)."""
+  checked = {ondisk.absolute(c.output) for c in checks}
+  return [s for s in (manifest or {}).get("shards", [])
+          if isinstance(s.get("output"), str) and ondisk.absolute(s["output"]) not in checked]
+
+
+def _unchecked_entry(shard: dict[str, Any]) -> str:
+  inp = shard.get("input")
+  if not isinstance(inp, str):
+    return f"{shard['output']} (the manifest names no input)"
+  gone = ondisk.is_local(inp) and not os.path.lexists(inp)
+  return f"{shard['output']} (input {inp}{', which no longer exists' if gone else ''})"
+
+
+def coverage_notes(output_dir: str, manifest: dict[str, Any] | None, checks: Sequence[ShardCheck]) -> list[str]:
+  """What the check did not cover: the whole manifest (there is none), or the shards of inputs not given."""
+  if manifest is None:
+    return [f"no manifest.json in {output_dir}: compared each input with the output its name maps to only "
+            "(no manifest counts or digests to check, no stray files to find; a reader of the folder takes "
+            "every ArrayRecord file in it)"]
+  left = unchecked_shards(manifest, checks)
+  if not left:
+    return []
+  shown = ", ".join(_unchecked_entry(s) for s in left[:_SHOWN])
+  more = f" and {len(left) - _SHOWN} more" if len(left) > _SHOWN else ""
+  return [f"{len(left)} of {len(manifest.get('shards', []))} shard(s) in {manifest_path(output_dir)} left "
+          f"unchecked, as no --input matched their inputs: {shown}{more}; give their inputs to check them"]
 
 
 class _Stopped(Exception):
@@ -202,7 +356,9 @@ def _stopped_by_signals():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  p = cli.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+  p = cli.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=(
+      "arrayrecord-convert --skip-existing keeps an existing shard whose size and record count match its "
+      "manifest without re-reading its records; this command re-reads them."))
   p.add_argument("--input", action="extend", nargs="+", required=True, metavar="PATTERN")
   p.add_argument("--output", required=True, metavar="DIR")
   p.add_argument("--compression", default="auto", choices=("auto", "gzip", "zlib", "none"))
@@ -218,8 +374,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     with _stopped_by_signals():
       checks = verify(args.input, args.output, args.compression, args.on_corrupt)
-      manifest_problems = check_manifest(read_manifest(args.output) or {}, args.output)
+      manifest = read_manifest(args.output)
+      manifest_problems = check_manifest(manifest or {}, args.output)
       strays = stray_outputs(args.output, checks)
+      notes = coverage_notes(args.output, manifest, checks)
   except ManifestError as e:
     return cli.fail(PROG, str(e), code=1)  # The dataset is broken, not the command line.
   except KeyboardInterrupt:
@@ -233,12 +391,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   bad = [c for c in checks if not c.ok]
   for c in checks:
     status = "OK  " if c.ok else "FAIL"
-    print(f"{status} {c.output}  records={c.output_records}  {c.problem or c.output_digest}")
+    print(f"{status} {c.output}  records={c.output_records}  {_one_line(c.problem or c.output_digest)}")
   for problem in manifest_problems:
     print(f"FAIL {problem}")
   for path in strays:
     print(f"WARN {path}: not in the manifest and converted from none of the inputs; the dataset leaves it "
           "out, but a wildcard over the folder reads it: remove it if it is not yours")
+  for note in notes:
+    print(f"NOTE {note}")
   total = sum(c.output_records or 0 for c in checks)
   print(f"{len(checks) - len(bad)}/{len(checks)} shard(s) match ({total:,} records).")
   return 1 if bad or manifest_problems else 0
