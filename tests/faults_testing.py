@@ -24,11 +24,12 @@ def _masked_crc(data: bytes) -> int:
   return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-def write_tfrecords(path: str, records: list[bytes]) -> str:
+def write_tfrecords(path: str | os.PathLike, records: list[bytes]) -> str:
   """Writes TFRecord framing directly (fast for the many records these tests need).
 
   The framing is checked against TensorFlow's own writer in test_tfrecord_reader.
   """
+  path = os.fspath(path)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "wb") as f:
     for r in records:

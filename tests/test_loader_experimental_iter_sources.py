@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import gzip
 import os
-import struct
 import subprocess
 import sys
 
-import crc32c
 import grain
 import numpy as np
 import pyarrow as pa
@@ -18,21 +16,9 @@ import pytest
 from loader import experimental
 from loader_testing import assert_restore_at_every_step_gives_same_stream
 from loader_testing import assert_streams_equal
+from faults_testing import write_tfrecords as _write_tfrecord
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _masked_crc(data: bytes) -> int:
-  crc = crc32c.crc32c(data)
-  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _write_tfrecord(path, records) -> str:
-  with open(path, "wb") as f:
-    for r in records:
-      length = struct.pack("<Q", len(r))
-      f.write(length + struct.pack("<I", _masked_crc(length)) + r + struct.pack("<I", _masked_crc(r)))
-  return str(path)
 
 
 _RECORDS = [b"", b"x", b"\x00" * 300] + [b"record-%d-" % i * (i % 7) for i in range(40)]
@@ -68,12 +54,12 @@ def test_tfrecord_damage_is_reported_with_its_offset(tmp_path):
   open(path, "wb").write(bytes(data))
   it = iter(experimental.TFRecordIterDataset(path))
   assert next(it) == b"a" * 10
-  with pytest.raises(ValueError, match="bad.tfrecord at byte 26: the checksum"):
+  with pytest.raises(ValueError, match="bad.tfrecord: record 1 at byte offset 26 is corrupt: data checksum mismatch"):
     next(it)
   assert it.get_state()["reader_offset"] == 26  # A retry reads the bad record again.
   truncated = _write_tfrecord(tmp_path / "cut.tfrecord", [b"a" * 10, b"b" * 10])
   open(truncated, "r+b").truncate(40)
-  with pytest.raises(ValueError, match="ends inside a record"):
+  with pytest.raises(ValueError, match="cut.tfrecord: record 1 at byte offset 26 is corrupt: the file ends inside the record"):
     list(experimental.TFRecordIterDataset(truncated))
   compressed = tmp_path / "gz.tfrecord"
   compressed.write_bytes(gzip.compress(open(path, "rb").read()))
@@ -93,7 +79,8 @@ def test_tfrecord_header_claiming_more_than_the_file_holds(tmp_path, claim):
   path.write_bytes(open(good, "rb").read() + head + tfrecord.masked_crc(head).to_bytes(4, "little") + b"b" * 900)
   it = iter(experimental.TFRecordIterDataset(str(path)))
   assert [next(it), next(it)] == [b"a" * 800] * 2
-  with pytest.raises(ValueError, match=f"claims.tfrecord at byte 1632: the file ends inside a record of {claim} bytes"):
+  with pytest.raises(ValueError, match=f"claims.tfrecord: record 2 at byte offset 1632 is corrupt: the file ends inside the record "
+                     f"\\(header says {claim} data bytes, 900 present"):
     next(it)
   assert it.get_state()["reader_offset"] == 1632
 
@@ -108,7 +95,7 @@ def test_tfrecord_plain_file_starting_like_zlib_gets_no_compression_hint(tmp_pat
   open(path, "wb").write(bytes(data))
   with pytest.raises(ValueError) as e:
     list(experimental.TFRecordIterDataset(path))
-  assert "at byte 0: the record length's checksum does not match." in str(e.value)
+  assert "record 0 at byte offset 0 is corrupt: length checksum mismatch (damaged record header)." in str(e.value)
   assert "compressed" not in str(e.value)
 
 
