@@ -82,6 +82,8 @@ class _MapIterator(_ParentPositionIterator[S]):
   def __next__(self) -> S:
     # As in Grain, an element whose map raises is consumed: the next call goes on after it.
     x = next(self._parent)
+    if x is None:  # As Grain's iterator-level map: a None (`allow_nones=True`) passes through unmapped.
+      return None
     try:
       return self._fn(x)
     except StopIteration as e:
@@ -471,6 +473,9 @@ class _CountingIterator(DatasetIterator[S]):
   def __next__(self) -> S:
     # As in Grain, an element whose function raises is consumed and does not count.
     x = next(self._parent)
+    if x is None:  # As Grain's: a None (`allow_nones=True`) passes through unmapped, yet counts.
+      self._index += 1
+      return None
     try:
       y = self._fn(self._index, x)
     except StopIteration as e:
