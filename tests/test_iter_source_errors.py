@@ -9,6 +9,7 @@ to do; it is still of the class Grain 0.2.18's readers raise there, so the
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 
 import grain
@@ -349,3 +350,17 @@ def test_tfrecord_io_error_names_record_and_offset_and_keeps_its_class(tmp_path)
   assert (f"{good}: reading record 1 at byte offset 26 failed (Input/output error); the iterator stays at "
           "this record") in str(e.value)
   assert it.get_state()["reader_offset"] == 26
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("reader", ["tfrecord", "parquet"])
+def test_a_fifo_is_refused_in_one_line_instead_of_blocking(tmp_path, reader):
+  fifo = tmp_path / f"pipe.{reader}"
+  os.mkfifo(fifo)  # Opening it for reading would wait for a writer for ever.
+  ds = (experimental.TFRecordIterDataset(str(fifo)) if reader == "tfrecord"
+        else experimental.ParquetIterDataset(str(fifo)))
+  with pytest.raises(OSError) as e:
+    next(iter(ds))
+  message = str(e.value)
+  assert f"{fifo}" in message and "is a FIFO (named pipe), not a regular file" in message, message
+  assert "copy the data to a regular file first" in message and "\n" not in message

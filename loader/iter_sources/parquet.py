@@ -18,6 +18,7 @@ retry reads it again.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -131,6 +132,14 @@ def _advice(error: BaseException, opening: bool) -> str:
   return "The file is damaged (truncated or altered): re-create or re-download it."
 
 
+def _refuse_special_file(path: Any) -> None:
+  """A FIFO or device would block the read for ever: an OSError instead (worded by the caller)."""
+  if isinstance(path, (str, os.PathLike)) and ondisk.is_local(os.fspath(path)):
+    problem = ondisk.file_problem(os.fspath(path))
+    if problem is not None and problem.kind == "special":
+      raise OSError(errno.EINVAL, f"it {problem.what}")
+
+
 class ParquetIterDataset(iter_lib.IterDataset):
   """Rows of one or more Parquet files.
 
@@ -185,6 +194,7 @@ class _ParquetIterator(iter_lib.DatasetIterator[dict[str, Any]]):
       raise ImportError("ParquetIterDataset needs pyarrow: pip install 'arrayrecord-toolkit[parquet]'.") from e
     self._path = _name(path)
     try:
+      _refuse_special_file(path)
       self._file = pq.ParquetFile(path, **read_kwargs)
     except (OSError, _arrow_exception()) as e:
       raise self._open_error(path, e) from e

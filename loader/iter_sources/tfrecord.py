@@ -17,6 +17,7 @@ from; this one seeks, so a restore costs no re-reading.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import zlib
@@ -138,6 +139,9 @@ class _TFRecordReader:
   def _file(self) -> BinaryIO:
     if self._reader is None:
       try:
+        problem = ondisk.file_problem(self._path) if ondisk.is_local(self._path) else None
+        if problem is not None and problem.kind == "special":  # A FIFO or device: open or read would block.
+          raise OSError(errno.EINVAL, f"it {problem.what}")
         self._reader = open(self._path, "rb", buffering=_BUFFER_BYTES)  # pylint: disable=consider-using-with
       except OSError as e:
         raise _open_error(self._path, e) from e
