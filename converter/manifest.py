@@ -29,7 +29,7 @@ __all__ = ["FoundManifest", "INCOMPLETE", "IncompleteManifestError", "MANIFEST_F
            "write_digested", "write_incomplete_manifest", "write_manifest"]
 
 _LEN = struct.Struct("<Q")
-_READ_BLOCK = 1024
+READ_BLOCK = 1024
 # Records per batch in write_digested (see there).
 _WRITE_BATCH = 256
 
@@ -91,8 +91,8 @@ def array_record_digest(path: str) -> tuple[int, str]:
     try:
       n = reader.num_records()
       digest = RecordDigest()
-      for start in range(0, n, _READ_BLOCK):
-        digest.update_many(reader.read(start, min(n, start + _READ_BLOCK)))
+      for start in range(0, n, READ_BLOCK):
+        digest.update_many(reader.read(start, min(n, start + READ_BLOCK)))
     finally:
       reader.close()
     return n, digest.hexdigest()

@@ -129,6 +129,11 @@ def file_problem(path: str) -> FileProblem | None:
   return None
 
 
+def one_line(text: Any) -> str:
+  """`text` (a library's error, often several lines) on one line, its lines joined with '; '."""
+  return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
 def split_uri(path: str) -> tuple[str, str]:
   """Splits `gs://b/x/y` into (`gs://`, `b/x/y`); local paths get an empty scheme."""
   m = _URI_RE.match(path)

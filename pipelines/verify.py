@@ -25,7 +25,7 @@ from converter import (ConversionError, RecordDigest, TFRecordReader, common_dir
                        output_path, read_manifest)
 from converter import writer as _writer
 from converter.errors import CorruptRecordError
-from converter.manifest import ManifestError, array_record_digest, manifest_path
+from converter.manifest import READ_BLOCK, ManifestError, array_record_digest, manifest_path
 from loader import ondisk
 from pipelines import cli
 
@@ -76,13 +76,7 @@ def _corrupt_input(e: CorruptRecordError, expected: dict | None, on_corrupt: str
 
 
 _CONVERT = "the conversion"  # What check_shard's advice reruns unless told the command.
-_BLOCK = 1024  # Output records read at a time when looking for the first bad one.
 _SHOWN = 3  # Unchecked manifest shards named in full.
-
-
-def _one_line(text: str) -> str:
-  """`text` on one line: a library's multi-line error joined with '; '."""
-  return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
 def _redo(out: str, convert: str) -> str:
@@ -112,13 +106,13 @@ def _first_unreadable_record(path: str) -> tuple[int, int] | None:
     return None
   try:
     n = reader.num_records()
-    for start in range(0, n, _BLOCK):
+    for start in range(0, n, READ_BLOCK):
       try:
-        reader.read(start, min(n, start + _BLOCK))
+        reader.read(start, min(n, start + READ_BLOCK))
         continue
       except RuntimeError:
         pass
-      for i in range(start, min(n, start + _BLOCK)):
+      for i in range(start, min(n, start + READ_BLOCK)):
         try:
           reader.read(i, i + 1)
         except RuntimeError:
@@ -130,7 +124,7 @@ def _first_unreadable_record(path: str) -> tuple[int, int] | None:
 
 
 def _unreadable_output(out: str, e: Exception, convert: str) -> str:
-  reason = _one_line(e)
+  reason = ondisk.one_line(e)
   offset = _byte_offset(reason)
   at = f", damaged at byte offset {offset}" if offset is not None else ""
   bad = _first_unreadable_record(out)
@@ -154,8 +148,8 @@ def _first_difference(inp: str, out: str, compression: str, on_corrupt: str) -> 
     reader = ArrayRecordReader(out, "readahead_buffer_size:0")
     try:
       n = reader.num_records()
-      for start in range(0, n, _BLOCK):
-        for i, got in enumerate(reader.read(start, min(n, start + _BLOCK)), start):
+      for start in range(0, n, READ_BLOCK):
+        for i, got in enumerate(reader.read(start, min(n, start + READ_BLOCK)), start):
           if next(records, None) != got:
             return i
     finally:
@@ -201,10 +195,10 @@ def check_shard(inp: str, out: str, expected: dict | None, compression: str,
   try:
     c.input_records, c.input_digest = tfrecord_digest(inp, compression, on_corrupt)
   except CorruptRecordError as e:
-    c.problem = _one_line(_corrupt_input(e, expected, on_corrupt))
+    c.problem = ondisk.one_line(_corrupt_input(e, expected, on_corrupt))
     return c
   except (ConversionError, OSError, RuntimeError, ValueError) as e:
-    c.problem = f"unreadable input: {_one_line(e)}"
+    c.problem = f"unreadable input: {ondisk.one_line(e)}"
     return c
   try:
     c.output_records, c.output_digest = array_record_digest(out)
@@ -391,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   bad = [c for c in checks if not c.ok]
   for c in checks:
     status = "OK  " if c.ok else "FAIL"
-    print(f"{status} {c.output}  records={c.output_records}  {_one_line(c.problem or c.output_digest)}")
+    print(f"{status} {c.output}  records={c.output_records}  {ondisk.one_line(c.problem or c.output_digest)}")
   for problem in manifest_problems:
     print(f"FAIL {problem}")
   for path in strays:

@@ -100,8 +100,7 @@ def _name(path: Any) -> str:
 
 
 def _one_line(error: BaseException) -> str:
-  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-  return "; ".join(lines).rstrip(".") or type(error).__name__
+  return ondisk.one_line(error).rstrip(".") or type(error).__name__
 
 
 def _wrap(error: BaseException, message: str, path: str, corrupt: bool = False, **fields: Any) -> BaseException:
