@@ -209,5 +209,8 @@ def element_rng(seed: int, index: int, *, op_seed: int = 0) -> np.random.Generat
   The index sits in the counter's top word: Philox increments the low word,
   so each element gets its own 2**192-block stream, no overlaps.
   """
+  if index < 0:  # Grain puts the index in a uint64 counter word, which refuses it (ds[-1] of a random map).
+    raise OverflowError(f"Python integer {index} out of bounds for uint64 (a random map's element index; "
+                        "read a random map at indices >= 0).")
   counter = (int(index) << 192) | (int(op_seed) << 128)
   return np.random.Generator(np.random.Philox(key=_philox_key(seed), counter=counter))

@@ -203,17 +203,15 @@ class MapDataset(grain_interop.MapDataset, Generic[T], metaclass=_MapDatasetMeta
 
     As in Grain, an index past the end reads the next epoch (`ds[len(ds)]` is
     the first element of epoch 1, reshuffled by an upstream `shuffle`), and a
-    negative index counts from the end of the first epoch.
+    negative index reads epoch -1 the same way: `ds[-1]` is the last element
+    of a dataset that no `shuffle` reorders, and another one after a shuffle
+    (epoch -1's order), as Grain's is.
     """
     if isinstance(index, slice):
       return self.slice(index)
     i = operator.index(index)
-    n = len(self)
     if i < 0:
-      if _infinite(n):
-        raise IndexError(f"Index {i} out of range: negative indices are not supported on an infinite dataset.")
-      _require_nonempty(self, n)
-      i %= n
+      _require_nonempty(self, len(self))
     return self._getitems(np.array([i], dtype=np.int64))[0]
 
   def __iter__(self):

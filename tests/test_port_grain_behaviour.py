@@ -802,3 +802,32 @@ def test_apply_refuses_a_tf_random_map_as_grain_does(lib):
 
   with pytest.raises(NotImplementedError):
     g.experimental.apply_transformations(g.MapDataset.range(3).seed(1), AddNoise())
+
+
+def test_negative_indices_read_epoch_minus_one_like_grain():
+  # Grain passes ds[-i] down as it is: each op reads "epoch -1", so a shuffle reorders it and a
+  # map_with_index sees the negative index; a random map refuses it.
+  g, l = porting.run_both("""
+import grain
+from grain.experimental import ZipMapDataset
+
+R = grain.MapDataset.range
+cases = {
+    "range": R(10), "range_step": R(3, 13, 2), "source": grain.MapDataset.source(list(range(10))),
+    "shuffle": R(10).shuffle(seed=8), "map": R(10).map(lambda x: -x),
+    "map_with_index": R(10).map_with_index(lambda i, x: (i, x)),
+    "sliced_map_with_index": R(10)[1:-1].map_with_index(lambda i, x: (i, x)),
+    "batch": R(10).batch(3), "batch_drop": R(10).batch(3, drop_remainder=True), "slice": R(10)[1:9:3],
+    "repeat": R(10).repeat(2), "repeat_forever": R(10).repeat(), "filter": R(10).filter(lambda x: x % 2 == 0),
+    "concatenate": grain.MapDataset.concatenate([R(3), R(100, 104)]),
+    "mix": grain.MapDataset.mix([R(5), R(500, 520)], [2, 1]), "zip": ZipMapDataset([R(5), R(10, 15)]),
+}
+got = {name: [ds[i] for i in (-1, -2, -7, -25)] for name, ds in cases.items()}
+try:
+  R(10).seed(3).random_map(lambda x, rng: int(rng.integers(100)))[-1]
+except Exception as e:
+  random_map_error = type(e).__name__
+""")
+  assert plain(l.got) == plain(g.got)
+  assert g.got["shuffle"][0] != 8  # Epoch -1's order, not the last of epoch 0 (5 on Grain).
+  assert l.random_map_error == g.random_map_error == "OverflowError"

@@ -99,13 +99,14 @@ class SelectMapDataset(map_lib.MapDataset[T]):
     if not indices.size:
       return []
     dataset_indices, keys = self._select(indices)
-    bad = (dataset_indices < 0) | (dataset_indices >= len(self._parents)) | (keys < 0)
+    # A negative key reads the input's epoch -1, as a negative index does (Grain passes keys on as they are).
+    bad = (dataset_indices < 0) | (dataset_indices >= len(self._parents))
     if bad.any():
       i = int(np.flatnonzero(bad)[0])
       raise IndexError(
           f"Selection map {self._selection_map!r} mapped index {int(indices[i])} to "
           f"(dataset {int(dataset_indices[i])}, index {int(keys[i])}); valid: dataset in "
-          f"[0, {len(self._parents)}) and index >= 0.")
+          f"[0, {len(self._parents)}).")
     out: list[Any] = [None] * indices.size
     # One batched read per input dataset, then scatter back into place.
     order = np.argsort(dataset_indices, kind="stable")
