@@ -161,9 +161,10 @@ def _check_root(root: str | None) -> None:
                                           "wrote it?)", root)
 
 
-# Local copies of remote files: `arrayrecord-<pid>-<random>.tmp` in $TMPDIR, so
-# that what a killed (kill -9) run left is known to be nobody's and removed.
-_STAGING_RE = re.compile(r"arrayrecord-(\d+)-[^/]*\.tmp\Z")
+# Local copies of remote files: `arrayrecord-<pid>-<random>@<host>.tmp` in
+# $TMPDIR, so that what a killed (kill -9) run left is known to be nobody's and
+# removed (by a process of the same host and pid namespace: see ondisk._hostname).
+_STAGING_RE = re.compile(r"arrayrecord-(\d+)-[^/@]*(?:@(?P<host>[^/@]+))?\.tmp\Z")
 _swept = False
 
 
@@ -173,7 +174,8 @@ def staging_file() -> str:
   if not _swept:
     _swept = True
     sweep_dead_staging(tempfile.gettempdir())
-  fd, path = tempfile.mkstemp(prefix=f"arrayrecord-{os.getpid()}-", suffix=".tmp")
+  me = ondisk.this_process()
+  fd, path = tempfile.mkstemp(prefix=f"arrayrecord-{me.pid}-", suffix=f"@{me.host}.tmp")
   os.close(fd)
   return path
 
@@ -187,7 +189,8 @@ def sweep_dead_staging(directory: str) -> None:
     return
   for name in names:
     m = _STAGING_RE.match(name)
-    if m and not ondisk.is_alive(dataclasses.replace(here, pid=int(m[1]), start=0)):
+    # A name without a host is an older version's: taken as this host's.
+    if m and ondisk.is_alive(dataclasses.replace(here, pid=int(m[1]), start=0, host=m["host"] or here.host)) is False:
       try:
         os.remove(os.path.join(directory, name))
       except OSError:

@@ -423,9 +423,26 @@ def _process_start(pid: int) -> int | None:
   return int(fields[19])
 
 
+# The kernel's inode number of the first pid namespace (PROC_PID_INIT_INO): the host's own.
+_INIT_PID_NAMESPACE = 0xEFFFFFFC
+
+
 def _hostname() -> str:
-  # Part of file names: keep it short and free of separators.
-  return re.sub(r"[^A-Za-z0-9.\-]", "_", socket.gethostname())[:63] or "localhost"
+  """This machine's name, plus its pid namespace when that is not the host's own.
+
+  Pids are only comparable inside one pid namespace: containers that share a
+  host name (`docker run --network host`) and an output volume must not take
+  each other's live processes for dead ones, so each namespace counts as a
+  host of its own. Part of file names: short and free of separators.
+  """
+  name = re.sub(r"[^A-Za-z0-9.\-]", "_", socket.gethostname())[:63] or "localhost"
+  try:
+    namespace = os.stat("/proc/self/ns/pid").st_ino
+  except OSError:  # Not Linux: one namespace as far as this code can tell.
+    namespace = _INIT_PID_NAMESPACE
+  if namespace != _INIT_PID_NAMESPACE:
+    name = f"{name[:48]}.pidns-{namespace:x}"
+  return name
 
 
 def this_process() -> Owner:
@@ -434,7 +451,7 @@ def this_process() -> Owner:
 
 
 def is_alive(owner: Owner) -> bool | None:
-  """Whether `owner` still runs; None when it runs on another host (unknowable here)."""
+  """Whether `owner` still runs; None when it runs on another host or pid namespace (unknowable here)."""
   if owner.host != _hostname():
     return None
   try:
