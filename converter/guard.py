@@ -23,6 +23,7 @@ import errno
 import os
 import shutil
 import signal
+import stat
 import sys
 import threading
 import time
@@ -111,8 +112,13 @@ class ConversionGuard:
     if not os.path.isdir(d):
       raise OutputError(f"--output {out} cannot be created: {d} is a file, not a directory.")
     manifest = ondisk.manifest_path(out)
-    if os.path.isdir(manifest):
-      raise OutputError(f"{manifest} is a folder, where this tool keeps the dataset's manifest; move it out of "
+    try:
+      mode = os.stat(manifest).st_mode
+    except OSError:  # Missing, or a link loop: planning names those.
+      mode = stat.S_IFREG
+    what = "a folder" if stat.S_ISDIR(mode) else ondisk.special_file_kind(mode)  # A FIFO would block a read.
+    if what is not None:
+      raise OutputError(f"{manifest} is {what}, where this tool keeps the dataset's manifest; move it out of "
                         f"--output {out} (or choose another --output) and rerun.")
     try:
       self._created = ondisk.make_dirs(ondisk.local_abspath(out))
@@ -254,8 +260,7 @@ _HANDLED = ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal
 
 def _read_or_none(path: str) -> bytes | None:
   try:
-    with open(path, "rb") as f:
-      return f.read()
+    return ondisk.read_local(path)  # Never blocks on a FIFO put there since the check.
   except FileNotFoundError:
     return None
 

@@ -138,7 +138,11 @@ def read_manifest(output_dir: str, *, incomplete_ok: bool = False) -> dict[str, 
   path = manifest_path(output_dir)
   if not _writer.exists(path):
     return None
-  manifest = ondisk.parse_manifest(_writer.read_bytes(path), path, incomplete_ok=incomplete_ok)
+  try:
+    data = _writer.read_bytes(path)
+  except ondisk.SpecialFileError as e:
+    raise ManifestError(f"{e} (or delete it) and rerun.") from None
+  manifest = ondisk.parse_manifest(data, path, incomplete_ok=incomplete_ok)
   return {**manifest, "shards": ondisk.resolved_shards(manifest, output_dir)}
 
 
@@ -173,6 +177,8 @@ def find_manifest(output_dir: str) -> FoundManifest | None:
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     # Not JSON at all: a torn or corrupted copy of ours (we only ever write JSON).
     return FoundManifest(path, "damaged", problem=f"not valid JSON ({e})")
+  except RecursionError:  # We never write nested JSON: corrupted.
+    return FoundManifest(path, "damaged", problem="not a manifest: its JSON is nested too deeply")
   fmt = doc.get("format") if isinstance(doc, dict) else None
   if fmt != MANIFEST_FORMAT:
     what = (f"a JSON {type(doc).__name__}" if not isinstance(doc, dict) else

@@ -219,8 +219,7 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
 def read_head(path: str, n: int) -> bytes:
   """The first `n` bytes of a file or object (fewer if it is shorter): one small ranged read on gs://."""
   if is_local(path):
-    with open(path, "rb") as f:
-      return f.read(n)
+    return ondisk.read_local(path, n)
   # FileSystems.open would fetch a 16 MB buffer for these few bytes.
   with _gcsio().open(path, read_buffer_size=max(1, n)) as f:
     return f.read(n)
@@ -234,8 +233,7 @@ def _gcsio() -> Any:
 
 def read_bytes(path: str) -> bytes:
   if is_local(path):
-    with open(path, "rb") as f:
-      return f.read()
+    return ondisk.read_local(path)
   from apache_beam.io.filesystems import FileSystems
   with FileSystems.open(path) as f:
     return f.read()

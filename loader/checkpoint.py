@@ -158,8 +158,9 @@ def load_state(path: str | os.PathLike) -> Any:
   """Reads a state written by `save_state` (bytes for a DataLoaderIterator's)."""
   path = os.fspath(path)
   try:
-    with open(path, "rb") as f:
-      raw = f.read()
+    raw = ondisk.read_local(path)
+  except ondisk.SpecialFileError as e:
+    raise ValueError(f"{e}: pass the file save_state wrote.") from None
   except FileNotFoundError as e:
     raise FileNotFoundError(e.errno, f"No iterator state at {path}: check the path, or start from the "
                                      "beginning (a fresh iterator)") from None

@@ -93,6 +93,34 @@ def special_file_kind(mode: int) -> str | None:
   return "not a regular file"
 
 
+class SpecialFileError(OSError):
+  """A FIFO, socket or device where a small regular file (a manifest, a state) was expected."""
+
+
+def read_local(path: str, n: int = -1) -> bytes:
+  """The first `n` bytes (all if n < 0) of a local file; a FIFO or device raises SpecialFileError.
+
+  Opened without blocking, so a FIFO is refused instead of waiting for ever for
+  a writer; FileNotFoundError and IsADirectoryError come as from `open`.
+  """
+  fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+  try:
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+      raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    kind = special_file_kind(mode)
+    if kind is not None:
+      raise SpecialFileError(f"{path} is {kind}, not a regular file (reading it could block for ever); "
+                             "move it away")
+    os.set_blocking(fd, True)
+    f = os.fdopen(fd, "rb")
+  except BaseException:
+    os.close(fd)
+    raise
+  with f:
+    return f.read(n)
+
+
 @dataclasses.dataclass(frozen=True)
 class FileProblem:
   """Why a local path cannot be read as a data file, in words for an error line: `{path} {what}; {fix}`."""
@@ -215,6 +243,8 @@ def parse_manifest(data: bytes | str, path: str, *, incomplete_ok: bool = False)
     manifest = json.loads(data)
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise ManifestError(f"{path} is not valid JSON ({e}); {redo}.") from None
+  except RecursionError:
+    raise ManifestError(f"{path} is not a manifest (its JSON is nested too deeply); {redo}.") from None
   if not isinstance(manifest, dict):
     raise ManifestError(f"{path} holds a JSON {type(manifest).__name__}, not a manifest "
                         f"object; {redo}.")
@@ -262,10 +292,11 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
   """The checked manifest of a local dataset directory, or None if it has none."""
   path = manifest_path(directory)
   try:
-    with open(path, "rb") as f:
-      data = f.read()
+    data = read_local(path)
   except FileNotFoundError:
     return None
+  except SpecialFileError as e:
+    raise ManifestError(f"{e}.") from None
   except OSError as e:
     raise ManifestError(f"{path} cannot be read ({e}).") from None
   return parse_manifest(data, path)

@@ -189,6 +189,10 @@ def check_shard(inp: str, out: str, expected: dict | None, compression: str,
   `convert` is the command the advice reruns (default: "the conversion").
   """
   c = ShardCheck(input=inp, output=out)
+  problem = ondisk.file_problem(out) if _writer.is_local(out) else None
+  if problem is not None and problem.kind != "missing":  # A FIFO would block the reader for ever.
+    c.problem = f"output {out} {problem.what}; move it away and rerun {convert} with --skip-existing to write the shard"
+    return c
   if not _writer.exists(out):
     c.problem = f"output missing: rerun {convert} with --skip-existing to convert it"
     return c

@@ -8,6 +8,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -203,3 +204,21 @@ def tmpfs(path: str, size: str, read_only: bool = False, inodes: int | None = No
   finally:
     if subprocess.run(["umount", path], capture_output=True).returncode != 0:
       subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+def in_time(fn, seconds: float = 20):
+  """fn()'s exception, raised within `seconds` (a hang fails the test instead of the run)."""
+  result: list[BaseException | None] = []
+
+  def run():
+    try:
+      fn()
+      result.append(None)
+    except BaseException as e:  # pylint: disable=broad-except
+      result.append(e)
+
+  t = threading.Thread(target=run, daemon=True)
+  t.start()
+  t.join(seconds)
+  assert result, f"still running after {seconds} s"
+  return result[0]

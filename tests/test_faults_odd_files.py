@@ -33,31 +33,13 @@ def one_shard(tmp_path):
   return inp, out
 
 
-def _in_time(fn, seconds: float = 20):
-  """fn()'s exception, raised within `seconds` (a hang fails the test instead of the run)."""
-  result: list[BaseException | None] = []
-
-  def run():
-    try:
-      fn()
-      result.append(None)
-    except BaseException as e:  # pylint: disable=broad-except
-      result.append(e)
-
-  t = threading.Thread(target=run, daemon=True)
-  t.start()
-  t.join(seconds)
-  assert result, f"still running after {seconds} s"
-  return result[0]
-
-
 def test_a_fifo_among_the_files_is_refused_instead_of_blocking_for_ever(one_shard, tmp_path):
   _, out = one_shard
   good = next(str(out / n) for n in os.listdir(out) if ".array_record" in n)
   fifo = str(tmp_path / "b.array_record")
   os.mkfifo(fifo)
   try:
-    e = _in_time(lambda: loader.sources.ArrayRecordDataSource([good, fifo]))
+    e = ft.in_time(lambda: loader.sources.ArrayRecordDataSource([good, fifo]))
   finally:
     if os.path.exists(fifo):  # Unblocks an open() still waiting on it.
       fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
@@ -172,7 +154,7 @@ def test_a_checkpoint_whose_worker_count_was_damaged_is_refused_at_once(tmp_path
     with open(path, "w") as f:
       json.dump(data, f)
     t = time.perf_counter()
-    e = _in_time(lambda: loader.restore_state(path, dl_iter()))
+    e = ft.in_time(lambda: loader.restore_state(path, dl_iter()))
     assert time.perf_counter() - t < 5
     assert isinstance(e, ValueError) and str(e).startswith(f"Cannot restore {path}: ")
     assert f"do not list workers 0..{count - 1}" in str(e)
