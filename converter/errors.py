@@ -263,6 +263,9 @@ class Interrupted(ConversionError):
     # (the directory's marker names them), so --skip-existing is right for both.
     flag = ("--skip-existing instead of --overwrite to resume (shards still holding old data are "
             "redone)" if overwrite else "--skip-existing to resume")
+    if not total:  # Stopped while planning: nothing was written.
+      super().__init__(f"{how} before any shard was converted; nothing was changed; rerun the same command")
+      return
     super().__init__(f"{how}; {complete} of {total} shards complete; rerun with {flag}")
 
 

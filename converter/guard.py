@@ -73,14 +73,19 @@ class ConversionGuard:
     self._watchdog: threading.Timer | None = None
     self._manifest_before: bytes | None = None
     try:
+      # From here on (the lock is taken next) a SIGTERM must unwind, not kill: it would leave the lock file.
+      self._install_handlers()
       check_compression(inputs, options.compression)
       if self.local:
         self._prepare_local_output()
       self.plans = list(plan(list(inputs), options))
       if self.local:
         check_free_space(self.output_dir, self.plans)
-    except BaseException:
+    except BaseException as e:
+      self._restore_handlers()
       self._release(failed=True)
+      if self.interrupted or isinstance(e, KeyboardInterrupt):
+        raise Interrupted(0, 0, self.interrupted) from None
       raise
 
   @property
@@ -150,6 +155,10 @@ class ConversionGuard:
     return done
 
   def __enter__(self) -> ConversionGuard:
+    self._install_handlers()
+    return self
+
+  def _install_handlers(self) -> None:
     if threading.current_thread() is threading.main_thread():
       # Beam turns a KeyboardInterrupt raised inside a DoFn into a RuntimeError;
       # note the signal itself so any form of it reads as an interruption.
@@ -160,7 +169,14 @@ class ConversionGuard:
         if signal.getsignal(signum) is default:
           self._old_handlers[signum] = default
           signal.signal(signum, self._on_signal)
-    return self
+
+  def _restore_handlers(self) -> None:
+    for signum, handler in self._old_handlers.items():
+      signal.signal(signum, handler)
+    self._old_handlers = {}
+    if self._watchdog is not None:
+      self._watchdog.cancel()
+      self._watchdog = None
 
   def _on_signal(self, signum, frame):
     if self.interrupted:  # Asked again: stop now.
@@ -204,12 +220,7 @@ class ConversionGuard:
       os._exit(code)  # pylint: disable=protected-access
 
   def __exit__(self, exc_type, exc, tb) -> None:
-    for signum, handler in self._old_handlers.items():
-      signal.signal(signum, handler)
-    self._old_handlers = {}
-    if self._watchdog is not None:
-      self._watchdog.cancel()
-      self._watchdog = None
+    self._restore_handlers()
     failed = exc_type is not None
     interrupted = self.interrupted or (exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
     self._release(failed=failed)

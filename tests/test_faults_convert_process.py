@@ -651,3 +651,29 @@ def test_a_temp_file_whose_name_holds_a_newline_is_still_recognised():
   for final in ("a\nb.array_record", "x.array_record\n", "plain.array_record"):
     name = os.path.basename(ondisk.temp_name(final, owner))
     assert ondisk.parse_temp_name(name) == (final, owner)
+
+
+def test_sigterm_while_planning_unwinds_and_leaves_no_lock(tmp_path):
+  # A SIGTERM after the lock is taken but before the run starts used to kill the process (no handler yet):
+  # exit -15, no message, the lock file and the created output folder left (2026-12-05 fault audit).
+  from converter.guard import ConversionGuard  # pylint: disable=g-import-not-at-top
+  from converter.errors import Interrupted  # pylint: disable=g-import-not-at-top
+  from converter.options import ConvertOptions  # pylint: disable=g-import-not-at-top
+  from converter.planning import plan_shards  # pylint: disable=g-import-not-at-top
+  inp = tmp_path / "in"
+  ft.make_dataset(str(inp), 1, 5, 100)
+  out = tmp_path / "out"
+
+  def plan_then_sigterm(inputs, options):
+    plans = plan_shards(inputs, options)
+    assert os.path.exists(out / ondisk.LOCK_NAME)  # Locked: the moment the old code died at.
+    os.kill(os.getpid(), signal.SIGTERM)
+    return plans
+
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(Interrupted) as e:
+    ConversionGuard(sorted(str(p) for p in inp.iterdir()), ConvertOptions(output_dir=str(out)), plan=plan_then_sigterm)
+  assert e.value.exit_code == 143
+  assert str(e.value) == "stopped by SIGTERM before any shard was converted; nothing was changed; rerun the same command"
+  assert not out.exists()  # The folder it made is gone, lock file and all.
+  assert signal.getsignal(signal.SIGTERM) is before
