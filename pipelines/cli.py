@@ -77,6 +77,19 @@ class ArgumentParser(argparse.ArgumentParser):
     super().error(message)
 
 
+def printable_streams() -> None:
+  """Lets stdout and stderr print any path: a character the terminal's encoding lacks shows as \\xNN.
+
+  With PYTHONIOENCODING=ascii (or a C locale) a non-ASCII file name in a
+  result line would otherwise raise UnicodeEncodeError and hide the result.
+  """
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.reconfigure(errors="backslashreplace")
+    except (AttributeError, ValueError):  # Replaced by a test harness, or closed.
+      pass
+
+
 def say(line: str) -> None:
   """One line on stderr; nothing if there is no terminal any more (after SIGHUP)."""
   try:
@@ -130,6 +143,7 @@ def run_reporting_errors(prog: str, run: Callable[[], Any]) -> tuple[Any, int | 
     (result, None) on success, or (None, exit code): 2 for bad arguments or
     inputs found before the run, 1 for a run that failed on bad data.
   """
+  printable_streams()
   # Beam would log each error with a traceback before we print our line.
   logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
   try:

@@ -271,11 +271,26 @@ def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
       return ShardCheck(input=inp, output=out, problem=(
           f"not listed in {path}, so readers of the dataset leave it out (input {inp}); rerun the "
           "conversion with --skip-existing to rewrite the manifest"))
-    return check_shard(inp, out, expected.get(ondisk.absolute(out)), compression, on_corrupt,
-                       convert="arrayrecord-convert")
+    c = check_shard(inp, out, expected.get(ondisk.absolute(out)), compression, on_corrupt,
+                    convert="arrayrecord-convert")
+    if c.problem and _outside(out, output_dir):
+      # Not this tool's file to delete or rewrite: the manifest entry is what is wrong.
+      reason = c.problem.split(":")[0]
+      c.problem = (f"{reason}; {path} lists it outside the dataset folder {output_dir} (an edited manifest?): "
+                   "fix that entry, or rerun the conversion with --overwrite to write the shard in the folder "
+                   "(this file is left alone)")
+    return c
   # Reading releases the GIL in the ArrayRecord reader and crc32c.
   with concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
     return list(pool.map(check, zip(inputs, outputs)))
+
+
+def _outside(path: str, directory: str) -> bool:
+  """Whether a local `path` lies outside the local `directory`."""
+  if not (ondisk.is_local(path) and ondisk.is_local(directory)):
+    return False
+  a, d = os.path.realpath(path), os.path.realpath(directory)
+  return os.path.commonpath([a, d]) != d
 
 
 def stray_outputs(output_dir: str, checks: Sequence[ShardCheck], suffix: str = "array_record") -> list[str]:
@@ -354,6 +369,7 @@ def _stopped_by_signals():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  cli.printable_streams()
   p = cli.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=(
       "arrayrecord-convert --skip-existing keeps an existing shard whose size and record count match its "
       "manifest without re-reading its records; this command re-reads them."))

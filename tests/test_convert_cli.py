@@ -6,6 +6,8 @@ import json
 import shutil
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -411,3 +413,19 @@ def test_a_manifest_passed_as_an_input_says_to_quote_the_pattern(tmp_path, datas
   err = capsys.readouterr().err
   assert "manifest.json is a conversion's manifest.json, not a TFRecord file" in err
   assert "quote the pattern (--input 'DIR/*')" in err
+
+
+def test_a_terminal_that_cannot_show_a_name_still_gets_the_result(tmp_path):
+  # With PYTHONIOENCODING=ascii, a non-ASCII --output made convert refuse ("'ascii' codec can't encode")
+  # and verify crash at its result line (2026-12-05 fault audit). Names the terminal lacks print as \uXXXX.
+  import faults_testing as ft  # pylint: disable=g-import-not-at-top
+  inp, out = tmp_path / "données", tmp_path / "输出"
+  ft.make_dataset(str(inp), 1, 5, 100)
+  env = {**ft.env(), "PYTHONIOENCODING": "ascii"}
+  for module, args in (("pipelines.convert", ["--workers", "1"]), ("pipelines.verify", [])):
+    r = subprocess.run([sys.executable, "-m", module, "--input", str(inp / "*"), "--output", str(out), *args],
+                       cwd=ft.REPO, env=env, capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode("ascii")
+    text = (r.stdout + r.stderr).decode("ascii")  # Pure ASCII, as the terminal asked.
+    assert "\\u8f93\\u51fa" in text and "Traceback" not in text
+  assert (out / "manifest.json").exists()

@@ -254,3 +254,17 @@ def test_many_unchecked_shards_are_counted_past_the_first_three(tmp_path, capsys
   assert output_lines(capsys)[-2] == (
       f"NOTE 4 of 5 shard(s) in {out}/manifest.json left unchecked, as no --input matched their inputs: "
       f"{named} and 1 more; give their inputs to check them")
+
+
+def test_a_manifest_entry_outside_the_folder_is_blamed_not_the_file_it_names(dataset, tmp_path, capsys):
+  # An edited manifest pointed a shard at a file of someone else's: the advice was "delete <that file>".
+  inp, out, shard = dataset
+  other = tmp_path / "not-ours.txt"
+  other.write_bytes(b"someone else's file\n" * 10)
+  manifest = json.loads((out / "manifest.json").read_text())
+  manifest["shards"][0]["output"] = str(other)
+  (out / "manifest.json").write_text(json.dumps(manifest))
+  assert run_verify(inp, out) == 1
+  problem = problem_of(output_lines(capsys), other)
+  assert "delete" not in problem and "this file is left alone" in problem
+  assert f"lists it outside the dataset folder {out}" in problem and "fix that entry" in problem, problem
