@@ -463,11 +463,17 @@ class TFRecordReader:
       return data, len(data), start, True
     if bad_offset == 0:
       raise self._not_tfrecord(buf, "no valid record anywhere in it")
+    compressed = self.detected_compression not in (None, "none")
+    # How much of the file is lost is unknown, so skipping does not hide it; the records before are sound,
+    # and in a plain file a user can keep them by cutting it (a crash often appends zeros, say).
+    keep = ("" if compressed or not self.stats.records else
+            f"; the {self.stats.records} record(s) before byte offset {bad_offset} are intact: to convert just "
+            f"those, cut the file there (truncate -s {bad_offset} FILE) and rerun")
     raise CorruptRecordError(
         self.path, self.stats.records + self.stats.skipped, bad_offset,
         "length checksum mismatch (damaged record header) and no valid record "
-        "follows, so the rest of the file cannot be recovered",
-        compressed=self.detected_compression not in (None, "none"), skipping=True)
+        f"follows, so the rest of the file cannot be recovered{keep}",
+        compressed=compressed, skipping=True)
 
 
 def _header_candidates(data: bytes, lo: int) -> list[int]:

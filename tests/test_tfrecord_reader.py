@@ -241,6 +241,8 @@ def test_damaged_header_with_nothing_valid_after_fails_even_in_skip(tmp_path, tf
     list(read_tfrecords(str(path), on_corrupt="skip"))
   assert (e.value.record_index, e.value.offset) == (9, off[9])
   assert "no valid record follows" in str(e.value)
+  assert (f"the 9 record(s) before byte offset {off[9]} are intact: to convert just those, cut the file there "
+          f"(truncate -s {off[9]} FILE) and rerun. ") in str(e.value)
   assert str(e.value).endswith("Nothing was written for this file. Re-create or re-download the file.")
   assert "--on-corrupt skip" not in str(e.value)  # Already skipping: no advice to skip.
   assert pickle.loads(pickle.dumps(e.value)).args == e.value.args
