@@ -190,10 +190,10 @@ class OutputWriteError(ConversionError, OSError):
     self.path, self.reason = path, reason
     super().__init__(
         f"Cannot write {path}: {reason}. Its temp file was removed and no partial file "
-        f"was left under its name; {_write_fix(reason, path)}, then {resume}.")
+        f"was left under its name; {write_fix(reason, path)}, then {resume}.")
 
 
-def _write_fix(reason: str, path: str | None = None) -> str:
+def write_fix(reason: str, path: str | None = None) -> str:
   """What to do about a failed write, from the `[Errno N] ...` at the start of its reason."""
   import errno
   code = reason[len("[Errno "):].split("]", 1)[0] if reason.startswith("[Errno ") else ""

@@ -197,7 +197,7 @@ def _not_array_record(paths: list[str]) -> list[str]:
   return [p for p, ok in zip(paths, results) if not ok]
 
 
-def _check_output_slot(path: str) -> None:
+def check_output_slot(path: str) -> None:
   """Refuses, before any work, an output name taken by something no file can replace, or too long."""
   _check_name_length(path)
   fix = "remove it or choose another --output"
@@ -447,7 +447,7 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
       raise ConversionError(f"Output {o!r} would overwrite the input {same!r} (the same file on disk); "
                             "choose another --output.")
     if _writer.is_local(o):
-      _check_output_slot(o)
+      check_output_slot(o)
     seen[o] = i
   _check_folders_free(seen, options.output_dir)
   existing = [o for o in outputs if _writer.exists(o)]
