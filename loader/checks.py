@@ -119,7 +119,14 @@ def resolve_fn(transform: Any, method: str, what: str) -> Callable[..., Any]:
   # Any other class is a callable too (Grain maps e.g. `ParquetIterDataset` over paths).
   if callable(transform):
     return transform
-  raise TypeError(f"{what} expects a callable or an object with a .{method}() method (got {transform!r}).")
+
+  def not_callable(*args, **kwargs):
+    # Raised where Grain raises it: when an element is computed, not when the pipeline is built.
+    raise TypeError(f"{type(transform).__name__!r} object is not callable: {what} expects a callable or an "
+                    f"object with a .{method}() method (got {transform!r}).")
+
+  not_callable.__qualname__ = not_callable.__name__ = type(transform).__name__
+  return not_callable
 
 
 def stop_iteration_error(fn: Callable[..., Any], error: StopIteration) -> RuntimeError:

@@ -161,8 +161,10 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
     self._closed = False
 
   @property
-  def _parent(self) -> DatasetIterator | None:
-    return self._parents[0] if self._parents else None
+  def _parent(self) -> DatasetIterator:
+    # As Grain's: an iterator without a parent (a source) has none to give; clients walk chains until this.
+    assert self._parents, f"{type(self).__name__} has no parent iterator"
+    return self._parents[0]
 
   def __iter__(self) -> DatasetIterator[T]:
     return self
