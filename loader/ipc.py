@@ -281,11 +281,7 @@ def segment_prefix() -> str:
 
 
 def _namespace_tag() -> str:
-  try:
-    ns = os.stat("/proc/self/ns/pid").st_ino
-  except OSError:  # Not Linux: one namespace as far as this code can tell.
-    ns = 0
-  return f"{ns & 0xFFFF:04x}"
+  return f"{ondisk.pid_namespace() & 0xFFFF:04x}"
 
 
 _SEGMENT_RE = re.compile(r"arl(\d+)_([0-9a-f]{4})[0-9a-f]{6}_\d+_\d+\Z")

@@ -458,6 +458,14 @@ def _process_start(pid: int) -> int | None:
 _INIT_PID_NAMESPACE = 0xEFFFFFFC
 
 
+def pid_namespace() -> int:
+  """The inode number of this process's pid namespace; the host's own (`_INIT_PID_NAMESPACE`) off Linux."""
+  try:
+    return os.stat("/proc/self/ns/pid").st_ino
+  except OSError:  # Not Linux: one namespace as far as this code can tell.
+    return _INIT_PID_NAMESPACE
+
+
 def _hostname() -> str:
   """This machine's name, plus its pid namespace when that is not the host's own.
 
@@ -467,10 +475,7 @@ def _hostname() -> str:
   host of its own. Part of file names: short and free of separators.
   """
   name = re.sub(r"[^A-Za-z0-9.\-]", "_", socket.gethostname())[:63] or "localhost"
-  try:
-    namespace = os.stat("/proc/self/ns/pid").st_ino
-  except OSError:  # Not Linux: one namespace as far as this code can tell.
-    namespace = _INIT_PID_NAMESPACE
+  namespace = pid_namespace()
   if namespace != _INIT_PID_NAMESPACE:
     name = f"{name[:48]}.pidns-{namespace:x}"
   return name
