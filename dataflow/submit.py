@@ -29,7 +29,7 @@ if __name__ == "__main__":  # `python -m`: run as the console script (a missing 
 from converter import ConversionError
 from dataflow import flags
 from dataflow.checks import FlagError
-from pipelines import build, cli
+from pipelines import build, cli, run_tempdir
 
 CONSOLE_URL = "https://console.cloud.google.com/dataflow/jobs/{region}/{job_id}?project={project}"
 
@@ -211,11 +211,14 @@ def run(argv: Sequence[str] | None = None) -> Submission:
     plan = check_tfds_dataset(request)
     what = (f"TFDS dataset {plan.info['name']!r} ({len(plan.inputs)} shard(s) in "
             f"{request.tfds_dataset_dir})")
-  if request.dry_run_dir:
-    return dry_run(request)
-  print(f"Submitting Dataflow job {request.job_name!r} (project {request.project}, region "
-        f"{request.region}): {what} -> {request.convert.output_dir}", flush=True)
-  return submit(request)
+  # Beam's stager builds the sdist in a folder of $TMPDIR that it never
+  # removes: one more per submission, unless it is this run's own.
+  with run_tempdir.private_tempdir():
+    if request.dry_run_dir:
+      return dry_run(request)
+    print(f"Submitting Dataflow job {request.job_name!r} (project {request.project}, region "
+          f"{request.region}): {what} -> {request.convert.output_dir}", flush=True)
+    return submit(request)
 
 
 def report(s: Submission) -> str:

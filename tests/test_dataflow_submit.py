@@ -36,8 +36,10 @@ def dry_run(tmp_path_factory):
   guard_log = str(base / "blocked.log")
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(("GOOGLE_", "CLOUDSDK_", "STORAGE_EMULATOR"))}
+  tmpdir = base / "tmp"
+  tmpdir.mkdir()
   env.update(PYTHONPATH=emu.guard_sitecustomize(str(base / "guard")), NETWORK_GUARD_LOG=guard_log,
-             TMPDIR=str(base), HOME=str(base))
+             TMPDIR=str(tmpdir), HOME=str(base))
   proc = subprocess.run([sys.executable, "-m", "dataflow.submit", *ARGV, "--dry-run",
                          "--dry-run-dir", out], cwd=clone, env=env, capture_output=True,
                         text=True, timeout=240)
@@ -45,7 +47,7 @@ def dry_run(tmp_path_factory):
   blocked = open(guard_log).read() if os.path.exists(guard_log) else ""
   with open(os.path.join(out, "job.json")) as f:
     job = json.load(f)
-  return types.SimpleNamespace(clone=clone, out=out, stdout=proc.stdout, blocked=blocked,
+  return types.SimpleNamespace(clone=clone, out=out, stdout=proc.stdout, blocked=blocked, tmp_left=os.listdir(tmpdir),
                                job=job, options=job["environment"]["sdkPipelineOptions"]["options"],
                                pool=job["environment"]["workerPools"][0])
 
@@ -53,6 +55,11 @@ def dry_run(tmp_path_factory):
 def test_dry_run_touches_no_network(dry_run):
   assert dry_run.blocked == ""
   assert "Dry run: nothing was submitted" in dry_run.stdout
+
+
+def test_dry_run_leaves_nothing_in_tmpdir(dry_run):
+  # Beam's stager builds the sdist in a folder of $TMPDIR that it never removes.
+  assert dry_run.tmp_left == []
 
 
 def test_dry_run_job_request(dry_run):
