@@ -22,6 +22,22 @@ class ConversionError(Exception):
     # Rebuild from args and fields; __init__ takes fields, not the message.
     return (_rebuild, (type(self), self.args, self.__dict__))
 
+  def __str__(self) -> str:
+    return escape_controls(super().__str__())
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def escape_controls(text: str) -> str:
+  """`text` with control characters shown as escapes (`\\n`, `\\x1b`).
+
+  Linux allows a newline in a file name: printed raw, it would split the
+  error's one line in two, and a worker's error (read back from its traceback
+  text line by line) would be cut at the name, losing record, offset and advice.
+  """
+  return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
 
 def _rebuild(cls, args, state):
   e = cls.__new__(cls)
@@ -60,7 +76,7 @@ class NotTFRecordError(CorruptRecordError):
                  "should be one.",)
 
   def __str__(self) -> str:
-    return self.args[0]
+    return escape_controls(self.args[0])
 
 
 class NoInputFilesError(ConversionError):

@@ -40,6 +40,9 @@ from loader import ondisk
 # Refuse a run whose output filesystem has less free space than this share of
 # the input bytes to convert: outputs are about as large as uncompressed inputs.
 MIN_FREE_SHARE = 0.5
+# The smallest ArrayRecord file the writer makes (an empty one; any writer
+# options): its header and footer blocks, 64 KiB each.
+SMALLEST_OUTPUT = 128 * 1024
 
 
 class ConversionGuard:
@@ -61,6 +64,7 @@ class ConversionGuard:
     self.output_dir = options.output_dir
     self.local = _writer.is_local(self.output_dir)
     self._created: list[str] = []
+    self._new_subfolders: list[str] = []
     self._lock: ondisk.DirLock | None = None
     self.interrupted: str | None = None  # The signal that stopped the run.
     # Called (in the main thread) when a signal stops the run, before it
@@ -81,6 +85,7 @@ class ConversionGuard:
       self.plans = list(plan(list(inputs), options))
       if self.local:
         check_free_space(self.output_dir, self.plans)
+        self._new_subfolders = _missing_subfolders(self.output_dir, self.plans)
     except BaseException as e:
       self._restore_handlers()
       self._release(failed=True)
@@ -256,6 +261,14 @@ class ConversionGuard:
       ondisk.remove_stale_temps(self.output_dir, also_own=True)
       if self._lock is not None:
         self._put_back_manifest()
+    # The writers make an output's subfolder (inputs in subfolders) when they start its shard; one
+    # whose shard failed or was never written would be left empty, after a success (a file
+    # reported failed) too. Only folders that did not exist when planned, and only if empty.
+    for d in self._new_subfolders:
+      try:
+        os.rmdir(d)
+      except OSError:
+        pass
     if self._lock is not None:
       self._lock.release()
       self._lock = None
@@ -267,6 +280,20 @@ class ConversionGuard:
 _STOP_GRACE_S = 20.0
 _HANDLED = ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL),
             (signal.SIGHUP, signal.SIG_DFL))
+
+
+def _missing_subfolders(output_dir: str, plans: Sequence[ShardPlan]) -> list[str]:
+  """Folders below `output_dir` that the shards to convert go in and that do not exist yet, innermost first."""
+  root = ondisk.local_abspath(output_dir)
+  missing = set()
+  for p in plans:
+    if p.action != "convert":
+      continue
+    d = os.path.dirname(ondisk.local_abspath(p.output))
+    while d.startswith(root + os.sep) and d not in missing and not os.path.isdir(d):
+      missing.add(d)
+      d = os.path.dirname(d)
+  return sorted(missing, key=lambda d: d.count(os.sep), reverse=True)
 
 
 def _read_or_none(path: str) -> bytes | None:
@@ -328,13 +355,21 @@ def check_compression(inputs: Sequence[str], compression: str) -> None:
 
 def check_free_space(output_dir: str, plans: Sequence[ShardPlan]) -> None:
   """Refuses a run whose output filesystem clearly cannot hold the outputs."""
-  needed = 0
+  needed = least = converting = 0
   for p in plans:
-    if p.action == "convert" and _writer.is_local(p.input):
+    if p.action != "convert":
+      continue
+    size = 0
+    if _writer.is_local(p.input):
       try:
-        needed += os.path.getsize(p.input)
+        size = os.path.getsize(p.input)
       except OSError:
         pass
+    needed += size
+    converting += 1
+    # However few records it holds, an output takes SMALLEST_OUTPUT: with many
+    # small shards the outputs are far larger than the inputs.
+    least += max(size * MIN_FREE_SHARE, SMALLEST_OUTPUT)
   try:
     free = shutil.disk_usage(output_dir).free
   except OSError as e:
@@ -347,3 +382,9 @@ def check_free_space(output_dir: str, plans: Sequence[ShardPlan]) -> None:
         f"{sum(p.action == 'convert' for p in plans)} input file(s) to convert hold "
         f"{needed / 1e6:.1f} MB and the outputs are about as large. Free space or choose "
         "another --output.")
+  if free < least:
+    raise OutputError(
+        f"Not enough free space for {output_dir}: {free / 1e6:.1f} MB free, but the {converting} "
+        f"output file(s) to write take at least {least / 1e6:.1f} MB (an ArrayRecord file takes at least "
+        f"{SMALLEST_OUTPUT // 1024} KiB, however few records it holds). Free space or choose another "
+        "--output.")

@@ -99,7 +99,9 @@ class ConvertOptions:
   input_root: str | None = None
 
   def __post_init__(self):
-    if not self.output_dir or not isinstance(self.output_dir, str):
+    # Only spaces (`--output "$OUT"` with OUT unset but for a space) would make a folder named ' '
+    # in the current directory, shown as "Output:  " with no visible name.
+    if not isinstance(self.output_dir, str) or not self.output_dir.strip():
       raise ValueError(f"output_dir must be a non-empty path, got {self.output_dir!r}.")
     object.__setattr__(self, "writer_options", validate_writer_options(self.writer_options))
     for name, value, choices in (("compression", self.compression, COMPRESSIONS),

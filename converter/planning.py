@@ -144,6 +144,9 @@ def expand_patterns(patterns: str | Iterable[str], skip_under: str | None = None
     raise ValueError("No input patterns given.")
   files: set[str] = set()
   for p in patterns:
+    if isinstance(p, str) and not p.strip():
+      # An empty pattern would match the current directory and be refused as a folder the user never named.
+      raise ValueError(f"An input pattern is empty ({p!r}); give a file or a glob, e.g. --input 'data/*.tfrecord'.")
     files.update(match_pattern(p, skip_under))
   return sorted(files)
 

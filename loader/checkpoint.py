@@ -177,6 +177,11 @@ def load_state(path: str | os.PathLike) -> Any:
                      f"{raw[e.start:e.start + 1]!r}); {other}.") from e
   except json.JSONDecodeError as e:
     raise ValueError(f"{path} is not a loader state file (invalid JSON: {e}; cut short?); {other}.") from e
+  except ValueError as e:
+    # Python refuses integers of over 4300 digits (an edited or damaged file); its advice to raise
+    # that limit would not help, as no position is that long.
+    raise ValueError(f"{path} is not a loader state file (a number in it has more than "
+                     f"{sys.get_int_max_str_digits()} digits: damaged or edited?); {other}.") from e
   except RecursionError:
     raise ValueError(f"{path} is not a loader state file (JSON nested too deeply); {other}.") from None
   if not isinstance(data, dict) or data.get("format") != _FORMAT or "state" not in data:
@@ -284,7 +289,7 @@ def _set_state_from_file(set_state_fn: Callable[[str], None], path: Any, raw: by
   try:
     text = raw.decode("utf-8")
     json.loads(text)
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+  except (UnicodeDecodeError, ValueError) as e:  # ValueError: also an integer of over 4300 digits.
     raise ValueError(f"{path} is not an iterator state (damaged or not JSON: {e}); restore another "
                      "checkpoint step.") from e
   _set_naming_file(set_state_fn, text, path)

@@ -272,11 +272,12 @@ def _check_fingerprint(saved: list[int], mine: list[str], owner: str) -> None:
           f"{owner}.set_state: this state was saved from a different pipeline: its operation {i} is not "
           f"{ops[i]!r} as in this one{hint} (this pipeline: {' -> '.join(ops)}).{_ON_PURPOSE}")
   if len(saved) > len(ours):
-    which, extra = "saved pipeline", f" {len(saved) - len(ours)} more operation(s)"
+    which, extra = "the saved pipeline", f" {len(saved) - len(ours)} more operation(s)"
   else:
     which, extra = "this pipeline", f" the extra operation(s) {ops[len(saved):]}"
+  # `which` carries its own article: "the this pipeline" read as a typo in the one line a user gets.
   raise StateMismatchError(
-      f"{owner}.set_state: this state was saved from a different pipeline: the {which} has{extra} "
+      f"{owner}.set_state: this state was saved from a different pipeline: {which} has{extra} "
       f"(this pipeline: {' -> '.join(ops)}).{_ON_PURPOSE}")
 
 
@@ -294,9 +295,9 @@ def _check_text(saved: list[str], mine: list[str], owner: str) -> None:
       raise StateMismatchError(
           f"{owner}.set_state: this state was saved from a different pipeline: operation {i} is "
           f"{a!r} in the saved pipeline but {b!r} in this one{hint} (saved: {' -> '.join(saved)}).{_ON_PURPOSE}")
-  longer, which = (saved, "saved pipeline") if len(saved) > len(mine) else (mine, "this pipeline")
+  longer, which = (saved, "the saved pipeline") if len(saved) > len(mine) else (mine, "this pipeline")
   raise StateMismatchError(
-      f"{owner}.set_state: this state was saved from a different pipeline: the {which} has the extra "
+      f"{owner}.set_state: this state was saved from a different pipeline: {which} has the extra "
       f"operation(s) {longer[min(len(saved), len(mine)):]} (saved: {' -> '.join(saved)}).{_ON_PURPOSE}")
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 from converter import ConvertOptions, ConversionError
-from converter.errors import Interrupted, root_cause_line
+from converter.errors import Interrupted, escape_controls, root_cause_line
 from converter.tfrecord import COMPRESSIONS
 
 if TYPE_CHECKING:  # The dataflow package imports this module before it can say Beam is missing.
@@ -93,7 +93,8 @@ def printable_streams() -> None:
 def say(line: str) -> None:
   """One line on stderr; nothing if there is no terminal any more (after SIGHUP)."""
   try:
-    print(line, file=sys.stderr, flush=True)
+    # Also for a ValueError or OSError naming a file whose name holds a newline.
+    print(escape_controls(line), file=sys.stderr, flush=True)
   except (OSError, ValueError):
     pass
 

@@ -19,6 +19,7 @@ if __name__ == "__main__":  # `python -m`: run as the console script (a missing 
 
 from converter import expand_patterns, read_manifest
 from converter.guard import ConversionGuard
+from converter.errors import escape_controls
 from pipelines import build, cli, local_run, workers
 
 PROG = "arrayrecord-convert"
@@ -69,7 +70,8 @@ def summarize(manifest: dict, seconds: float, output_dir: str) -> str:
   if manifest.get("_workers"):
     lines.append(manifest["_workers"])
   lines.append(f"Output: {output_dir} (manifest: {output_dir.rstrip('/')}/manifest.json)")
-  return "\n".join(lines)
+  # One line each, also where an input's name holds a newline.
+  return "\n".join(escape_controls(line) for line in lines)
 
 
 def run(argv: Sequence[str] | None = None) -> dict:

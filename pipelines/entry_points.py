@@ -78,8 +78,18 @@ def run(script: str, argv: Sequence[str] | None = None) -> int:
     # Ctrl-C while Beam (or TensorFlow) is still being imported: before any work.
     print(f"{script}: interrupted while starting; nothing was changed", file=sys.stderr)
     return 130
+  out = sys.stdout = _Stdout(sys.stdout)
   try:
-    return module.main(argv)
+    code = module.main(argv)
+    out.flush()
+    if out.error is not None:
+      what = "check" if script == "arrayrecord-verify" else "run"
+      ended = "succeeded" if code == 0 else f"ended with exit status {code}"
+      print(f"{script}: error: could not write to standard output ({out.error}), so what it printed after "
+            f"that is lost; the {what} itself went on to the end and {ended}. "
+            f"{_LOST_OUTPUT_HINT.get(script, '')}".rstrip(), file=sys.stderr)
+      return code or 1
+    return code
   except KeyboardInterrupt:
     # main() reports an interrupted run itself; this is Ctrl-C outside of one.
     print(f"{script}: interrupted", file=sys.stderr)
@@ -90,6 +100,63 @@ def run(script: str, argv: Sequence[str] | None = None) -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     return 141
+  finally:
+    if sys.stdout is out:  # Called in-process (tests): the caller's stream back.
+      sys.stdout = out._stream  # pylint: disable=protected-access
+
+
+_LOST_OUTPUT_HINT = {
+    "arrayrecord-convert": "Its manifest.json records the result: arrayrecord-verify shows it.",
+    "arrayrecord-tfds": "Its manifest.json records the result: arrayrecord-verify shows it.",
+    "arrayrecord-verify": "Send standard output where there is room and rerun it to see the report.",
+}
+
+
+class _Stdout:
+  """sys.stdout that outlives a failed write: `> log` on a full disk (or /dev/full, a lost NFS mount).
+
+  Python would raise OSError from the first print ("Converting ..."), and the
+  run would fail before any work naming only "No space left on device", which
+  reads as the output's disk; or, from the summary's print, a traceback after
+  a finished run. Its output is informational: the run goes on without it and
+  says once at the end, on stderr, that it was lost. A reader gone away
+  (BrokenPipeError, `| head`) is still raised, as run() handles it.
+  """
+
+  def __init__(self, stream: Any):
+    self._stream = stream
+    self.error: OSError | None = None
+
+  def _lost(self, e: OSError) -> None:
+    self.error = e
+    try:  # What is still buffered would fail again when Python flushes it at exit.
+      devnull = os.open(os.devnull, os.O_WRONLY)
+      os.dup2(devnull, self._stream.fileno())
+      os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+      pass
+
+  def write(self, text: str) -> int:
+    if self.error is None:
+      try:
+        return self._stream.write(text)
+      except BrokenPipeError:
+        raise
+      except OSError as e:
+        self._lost(e)
+    return len(text)
+
+  def flush(self) -> None:
+    if self.error is None:
+      try:
+        self._stream.flush()
+      except BrokenPipeError:
+        raise
+      except OSError as e:
+        self._lost(e)
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._stream, name)
 
 
 def convert() -> int:

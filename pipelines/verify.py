@@ -24,7 +24,7 @@ if __name__ == "__main__":  # `python -m`: run as the console script (a missing 
 from converter import (ConversionError, RecordDigest, TFRecordReader, common_dir, expand_patterns,
                        output_path, read_manifest)
 from converter import writer as _writer
-from converter.errors import CorruptRecordError
+from converter.errors import CorruptRecordError, escape_controls
 from converter.manifest import READ_BLOCK, ManifestError, array_record_digest, manifest_path
 from loader import ondisk
 from pipelines import cli
@@ -405,14 +405,19 @@ def main(argv: Sequence[str] | None = None) -> int:
   bad = [c for c in checks if not c.ok]
   for c in checks:
     status = "OK  " if c.ok else "FAIL"
-    print(f"{status} {c.output}  records={c.output_records}  {ondisk.one_line(c.problem or c.output_digest)}")
+    # A newline in a shard's name would split its line (and the problem's joining of a library's
+    # lines would cut the name): its paths are shown escaped first.
+    problem = str(c.problem or c.output_digest)
+    for path in {c.input, c.output}:
+      problem = problem.replace(path, escape_controls(path)) if path else problem
+    print(f"{status} {escape_controls(c.output)}  records={c.output_records}  {ondisk.one_line(problem)}")
   for problem in manifest_problems:
-    print(f"FAIL {problem}")
+    print(escape_controls(f"FAIL {problem}"))
   for path in strays:
-    print(f"WARN {path}: not in the manifest and converted from none of the inputs; the dataset leaves it "
+    print(f"WARN {escape_controls(path)}: not in the manifest and converted from none of the inputs; the dataset leaves it "
           "out, but a wildcard over the folder reads it: remove it if it is not yours")
   for note in notes:
-    print(f"NOTE {note}")
+    print(escape_controls(f"NOTE {note}"))
   total = sum(c.output_records or 0 for c in checks)
   print(f"{len(checks) - len(bad)}/{len(checks)} shard(s) match ({total:,} records).")
   return 1 if bad or manifest_problems else 0
