@@ -212,6 +212,38 @@ def plain(x: Any) -> Any:
   return x
 
 
+# loader's stamp on every state (README, "Checkpoint states").
+STAMP_KEYS = ("loader_state_version", "pipeline")
+# Keys a loader DataLoader state carries beside Grain's (README, "Checkpoint states").
+DATA_LOADER_EXTRA_KEYS = ("shard", "operations", "format", "format_version", "dataset")
+
+
+def grain_keys(x: Any) -> Any:
+  """`x` through `plain`, its dicts without loader's own state keys: what Grain's states hold.
+
+  A DataLoader state (it has `last_seen_indices`) also loses loader's extra
+  keys, and its source's default repr what differs run to run (the snippet's
+  module name, Grain's memory address).
+  """
+  x = plain(x)
+  if isinstance(x, dict):
+    extra = ()
+    if "last_seen_indices" in x:
+      extra = DATA_LOADER_EXTRA_KEYS
+      if isinstance(x.get("data_source"), str):
+        x = {**x, "data_source": re.sub(r"snippet_\w+\.| at 0x[0-9a-f]+", "", x["data_source"])}
+    return {k: grain_keys(v) for k, v in x.items() if k not in STAMP_KEYS + extra}
+  if isinstance(x, list):
+    return [grain_keys(v) for v in x]
+  return x
+
+
+def run_both_grain_keys(source: str, **inputs: Any) -> tuple[Any, Any]:
+  """`run_both`'s (Grain's results, loader's results), their states reduced by `grain_keys`."""
+  g, l = run_both(source, **inputs)
+  return grain_keys(g.results), grain_keys(l.results)
+
+
 def key(x: Any) -> str:
   """A sortable, hashable key of an element's value (for comparing sets and multisets)."""
   return json.dumps(plain(x), sort_keys=True, default=repr)

@@ -62,25 +62,6 @@ import json
 
 from tests import porting
 
-# loader's stamp on every state (README, "Checkpoint states").
-_STAMP_KEYS = ("loader_state_version", "pipeline")
-
-
-def _grain_keys(x):
-  """`x` without loader's stamp keys in its dicts: what Grain's states hold."""
-  x = porting.plain(x)
-  if isinstance(x, dict):
-    return {k: _grain_keys(v) for k, v in x.items() if k not in _STAMP_KEYS}
-  if isinstance(x, list):
-    return [_grain_keys(v) for v in x]
-  return x
-
-
-def _results(source, **inputs):
-  g, l = porting.run_both(source, **inputs)
-  return _grain_keys(g.results), _grain_keys(l.results)
-
-
 CHOMP = """
 import logging
 from types import SimpleNamespace
@@ -363,7 +344,7 @@ results["window"] = {"head": head, "tail": tail, "state": state, "resumed": [dum
 
 
 def test_chomp_iterator_chain_with_thread_prefetch_as_on_grain():
-  g, l = _results(CHOMP)
+  g, l = porting.run_both_grain_keys(CHOMP)
   assert l == g
   for prefetch in (0, 2):
     assert g[f"prefetch {prefetch}"]["resumed"] is True
@@ -423,7 +404,7 @@ except AssertionError:
 
 def test_a_parentless_iterators_parent_raises_assertion_error_as_on_grain():
   # chomp relies on it to end its walk up an iterator chain.
-  g, l = _results(PARENTLESS)
+  g, l = porting.run_both_grain_keys(PARENTLESS)
   assert g == {"source": ["AssertionError after", 0], "_parent": "AssertionError"}
   assert l == g
 
@@ -594,7 +575,7 @@ for kwargs in ({"target_batch_size": 0}, {"target_batch_size": 2, "drop_remainde
 
 
 def test_datarax_streaming_helpers_and_rebatch_as_on_grain():
-  g, l = _results(DATARAX_STREAMING)
+  g, l = porting.run_both_grain_keys(DATARAX_STREAMING)
   assert l == g
   assert g["limited 0"] == "ValueError" and g["rejected"] == ["TypeError", "TypeError"]
   assert all(g[name + " resume"][2] is True for name in ("mix", "interleave", "repeat"))
@@ -701,7 +682,7 @@ results["loader"] = {"head": head, "tail": tail, "resumed": [show(b) for b in it
 
 
 def test_datarax_random_access_adapters_as_on_grain():
-  g, l = _results(DATARAX_BRIDGE)
+  g, l = porting.run_both_grain_keys(DATARAX_BRIDGE)
   assert l == g
   assert g["map len"] == 3 and g["loader"]["resumed"] is True
 
@@ -824,7 +805,7 @@ results["finite"] = [len(finite), [x["doc_id"] for x in finite.to_iter_dataset()
 
 
 def test_omegalax_index_over_a_2_63_range_as_on_grain(tmp_path):
-  g, l = _results(OMEGALAX, directory=str(tmp_path))
+  g, l = porting.run_both_grain_keys(OMEGALAX, directory=str(tmp_path))
   assert l == g
   assert g["rank 0"]["len"] == 2**63 - 1 and g["rank 0"]["far"] is True
   assert g["stream"]["resumed"] is True and g["stream"]["state"] == {"next_index": 12}
@@ -1001,7 +982,7 @@ def dump(batch):
 
 
 def test_nanochat_mid_training_parquet_best_fit_loader_as_on_grain(tmp_path):
-  g, l = _results(NANOCHAT + NANOCHAT_RUN, directory=str(tmp_path))
+  g, l = porting.run_both_grain_keys(NANOCHAT + NANOCHAT_RUN, directory=str(tmp_path))
   assert l == g
   assert g["plain"]["resumed"] is True and g["accum"]["resumed"] is True
   assert g["shuffle"] == "AttributeError"
@@ -1011,7 +992,7 @@ def test_nanochat_loader_given_path_objects_fails_on_grain_and_reads_on_loader(t
   # The client globs pathlib.Path objects and maps them to ParquetIterDataset;
   # Grain 0.2.18 takes a str (or a sequence of paths): list(Path) is a TypeError.
   # loader accepts a path object (README: "Accepted where Grain 0.2.18 raises a TypeError").
-  g, l = _results(NANOCHAT + NANOCHAT_PATHS, directory=str(tmp_path))
+  g, l = porting.run_both_grain_keys(NANOCHAT + NANOCHAT_PATHS, directory=str(tmp_path))
   assert g == {"Path objects": "TypeError"}
   assert isinstance(l["Path objects"], int) and l["Path objects"] > 0
 
@@ -1034,7 +1015,7 @@ def test_nanochat_default_eight_threads_over_six_files_fail_on_grain_and_read_on
   # Grain gives each of the 8 threads a slice of the 6 paths; a thread with
   # none interleaves an empty dataset, whose first next() is an IndexError.
   # loader yields the stream (README: "Accepted where Grain 0.2.18 raises an IndexError").
-  g, l = _results(NANOCHAT + NANOCHAT_DEFAULT_THREADS, directory=str(tmp_path))
+  g, l = porting.run_both_grain_keys(NANOCHAT + NANOCHAT_DEFAULT_THREADS, directory=str(tmp_path))
   assert g == {"8 threads": "IndexError", "empty interleave": "IndexError"}
   assert l["empty interleave"] == [] and isinstance(l["8 threads"], int) and l["8 threads"] > 0
 
@@ -1340,7 +1321,7 @@ results["resumed"] = show(it2) == tail
 
 
 def test_audiotree_random_map_transforms_as_on_grain():
-  g, l = _results(AUDIOTREE)
+  g, l = porting.run_both_grain_keys(AUDIOTREE)
   assert l == g
   assert all(g[name + " again"] is True for name in ("default", "range", "locked", "wet only"))
   assert g["other seed"] is True and g["resumed"] is True
@@ -1406,7 +1387,7 @@ for o in (gp.ReadOptions(), gp.MultiprocessingOptions()):
 
 
 def test_option_helpers_setting_attributes_as_on_grain():
-  g, l = _results(OPTIONS_HELPERS)
+  g, l = porting.run_both_grain_keys(OPTIONS_HELPERS)
   assert l == g
   assert g["read"][2] == {"num_threads": 0, "prefetch_buffer_size": 7}
   assert g["options slots"] == ["AttributeError", "AttributeError"]
@@ -1537,7 +1518,7 @@ results["errors"] = errors
 
 
 def test_mlip_concatenated_readers_and_excluded_indices_as_on_grain():
-  g, l = _results(MLIP)
+  g, l = porting.run_both_grain_keys(MLIP)
   assert l == g
   assert g["len"] == [15, 5, 11] and g["graphs"]["resumed"] is True
   assert g["errors"] == ["ValueError", "TypeError", "ValueError"]
@@ -1640,7 +1621,7 @@ except OverflowError:
 
 
 def test_source_separation_loader_as_on_grain():
-  g, l = _results(SOURCE_SEPARATION)
+  g, l = porting.run_both_grain_keys(SOURCE_SEPARATION)
   assert l == g
   assert g["len"] == [3, 5] and g["negative index"] == "OverflowError"
   assert all(batch[2] for batch in g["batches"])  # batch_fn's jax arrays
@@ -1780,7 +1761,7 @@ results["resumed"] = take(it2, 4) == tail
 
 
 def test_meta_learning_lane_builder_as_on_grain():
-  g, l = _results(META_LEARN)
+  g, l = porting.run_both_grain_keys(META_LEARN)
   assert l == g
   assert g["shapes"]["batch tasks"] == [[3, 2, 1], [3, 2, 1]] and g["resumed"] is True
 
@@ -2024,7 +2005,7 @@ except RuntimeError:
 
 
 def test_dew_elastic_global_stream_as_on_grain():
-  g, l = _results(DEW)
+  g, l = porting.run_both_grain_keys(DEW)
   assert l == g
   assert g["state"]["records"] == 32 and g["resumed"] is True
   assert g["raw state"] == {"global_next_index": 0} and g["by hand"] == [[18, 21], [24, 27]]
@@ -2271,7 +2252,7 @@ results["resume"] = {"head": head, "tail": tail, "resumed": [show(next(it2)) for
 
 
 def test_torchtitan_grain_recipes_as_on_grain():
-  g, l = _results(TORCHTITAN_RECIPES)
+  g, l = porting.run_both_grain_keys(TORCHTITAN_RECIPES)
   assert l == g
   assert g["resume"]["resumed"] is True and g["too few rows"] == "ValueError"
   assert g["lens"]["mix"][0] > g["lens"]["mix"][1]  # filtered children leave holes in the mixture
@@ -2664,7 +2645,7 @@ results["flat sampler"] = flat
 
 
 def test_probe_row_pipeline_as_on_grain(tmp_path):
-  g, l = _results(PROBE_ROWS, directory=str(tmp_path))
+  g, l = porting.run_both_grain_keys(PROBE_ROWS, directory=str(tmp_path))
   g.pop("flat sampler"), l.pop("flat sampler")  # the next test's
   assert l == g
   assert g["threads same"] is True and g["resumed"] is True and g["missing"] == "FileNotFoundError"
@@ -2673,7 +2654,7 @@ def test_probe_row_pipeline_as_on_grain(tmp_path):
 def test_probe_row_flat_sampler_given_to_random_map_fails_when_read_as_on_grain(tmp_path):
   # Grain builds `random_map(FlatMapTransform(), seed=)` and raises the
   # TypeError ("object is not callable") when the first batch is read.
-  g, l = _results(PROBE_ROWS, directory=str(tmp_path))
+  g, l = porting.run_both_grain_keys(PROBE_ROWS, directory=str(tmp_path))
   assert g["flat sampler"] == ["built", "TypeError"]
   assert l["flat sampler"] == g["flat sampler"]
 
@@ -2741,6 +2722,6 @@ results = {
 def test_multi_host_blending_suite_as_on_grain():
   # A client's multi-host test suite: per-process slices of shuffled infinite
   # sources, IterDataset.mix with positional normalised weights, batches.
-  g, l = _results(BLENDING)
+  g, l = porting.run_both_grain_keys(BLENDING)
   assert l == g
   assert g["disjoint"] is True and g["blend counts"] == [1000, 600, 400] and g["mixed batches"] == 50

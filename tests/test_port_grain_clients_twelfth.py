@@ -50,31 +50,6 @@ import re
 
 from tests import porting
 
-# loader's stamp on every state (README, "Checkpoint states").
-_STAMP_KEYS = ("loader_state_version", "pipeline")
-# Keys a loader DataLoader state carries beside Grain's (same README section).
-_DATA_LOADER_EXTRA_KEYS = ("shard", "operations", "format", "format_version", "dataset")
-
-
-def _grain_keys(x):
-  """`x` without loader's own keys in its dicts: what Grain's states hold."""
-  x = porting.plain(x)
-  if isinstance(x, dict):
-    if "last_seen_indices" in x and isinstance(x.get("data_source"), str):
-      # A default repr: the snippet's module name and (in Grain's) the address differ run to run.
-      x = {**x, "data_source": re.sub(r"snippet_\w+\.| at 0x[0-9a-f]+", "", x["data_source"])}
-    extra = _DATA_LOADER_EXTRA_KEYS if "last_seen_indices" in x else ()
-    return {k: _grain_keys(v) for k, v in x.items() if k not in _STAMP_KEYS + extra}
-  if isinstance(x, list):
-    return [_grain_keys(v) for v in x]
-  return x
-
-
-def _results(source, **inputs):
-  g, l = porting.run_both(source, **inputs)
-  return _grain_keys(g.results), _grain_keys(l.results)
-
-
 SYNTHPIX = """
 import dataclasses
 import logging
@@ -319,7 +294,7 @@ except StopIteration as e:
 
 
 def test_synthpix_episodic_loader_and_adapter_as_on_grain():
-  g, l = _results(SYNTHPIX)
+  g, l = porting.run_both_grain_keys(SYNTHPIX)
   assert l == g
   assert g["refused"] == "loader must be a grain.DataLoader instance" and g["include_images"] is True
   assert g["dtypes"]["_is_last_step"] == ["bool", [2]] and g["dtypes"]["_timestep"][0] == "int64"
@@ -487,7 +462,7 @@ except Exception as e:
 
 
 def test_laughlm_sharded_token_loader_as_on_grain():
-  g, l = _results(porting.CAPTURE_LOGS + LAUGHLM)
+  g, l = porting.run_both_grain_keys(porting.CAPTURE_LOGS + LAUGHLM)
   assert g["host 0"]["rewound"] is True and g["host 0"]["state type"] == "bytes"
   assert g["host 0"]["head"] != g["host 1"]["head"]
   assert g["ragged"] == ["ValueError", True]
@@ -575,7 +550,7 @@ for shard in (0, 1):
 
 
 def test_jax_gpt_per_host_sequential_loader_as_on_grain():
-  g, l = _results(JAX_GPT)
+  g, l = porting.run_both_grain_keys(JAX_GPT)
   assert l == g
   assert g["shard 0"][0][0] == [0, 1, 2, 3] and g["shard 1"][0][0] == [4, 5, 6, 7]  # records 0, 2, ... and 1, 3, ...
   assert g["shard 0 resumed"] is True and g["shard 1 end"] == "StopIteration"
@@ -686,7 +661,7 @@ for name, make in (("dataset", dataset_iter), ("data loader", loader_iter)):
 
 
 def test_ttt_e2e_custom_orbax_handler_for_both_iterator_kinds_as_on_grain():
-  g, l = _results(TTT_E2E)
+  g, l = porting.run_both_grain_keys(TTT_E2E)
   assert l == g
   assert g["dataset"]["kind"] is True and g["data loader"]["loader kind"] is True
   for name in ("dataset", "data loader"):
@@ -784,7 +759,7 @@ for name in ("train", "val"):
 
 
 def test_egxc_length_limited_endless_loader_as_on_grain():
-  g, l = _results(EGXC)
+  g, l = porting.run_both_grain_keys(EGXC)
   assert l == g
   assert g["init"]["positions"] == ["float64", [[[0.0] * 3] * 3]] and g["init"]["charge"][0] == "int32"
   assert [len(epoch) for epoch in g["train"]] == [5, 5, 5]
@@ -865,7 +840,7 @@ for name in ("train", "validation"):
 
 
 def test_data_loader_subclass_reading_private_fields_as_on_grain():
-  g, l = _results(MNIST_SUBCLASS)
+  g, l = porting.run_both_grain_keys(MNIST_SUBCLASS)
   assert l == g
   assert g["num_classes"] == 10 and g["len"] == [3, 2] and len(g["train"]) == 3
   assert g["train"][0][1] == "float64" and g["train"][0][3] == "int64"
@@ -995,7 +970,7 @@ except FileNotFoundError as e:
 
 
 def test_fineweb_bos_indexed_source_as_on_grain():
-  g, l = _results(BOS_INDEX)
+  g, l = porting.run_both_grain_keys(BOS_INDEX)
   assert l == g
   assert g["resumed"] is True and g["state"] == {"next_index": 3} and g["missing"] == "FileNotFoundError"
   assert all(x[0] == 7 for batch in g["head"] for x in batch[0])
@@ -1041,7 +1016,7 @@ results = {"len": len(map_ds), "batches": batches, "states": states[:6] + states
 
 
 def test_equinox_xor_repeat_then_iter_batch_as_on_grain():
-  g, l = _results(XOR)
+  g, l = porting.run_both_grain_keys(XOR)
   assert l == g
   assert len(g["batches"]) == 19 and g["batches"][-1][2] == [6, 2] and g["batches"][0][4] == "bool"
   assert g["states"][-1] == {"next_index": 150} and g["resumed"] is True
@@ -1143,7 +1118,7 @@ except ValueError as e:
 
 
 def test_maha_parentless_map_dataset_subclass_pipeline_as_on_grain():
-  g, l = _results(MAHA)
+  g, l = porting.run_both_grain_keys(MAHA)
   assert l == g
   assert g["len"] == 3 and g["types"] == ["SequenceBatch"] and g["dtypes"] == ["int32", [3, 6]]
   assert g["two epochs"][1][-1] == ["ValueError", True] and len(g["two epochs"][1]) == 4
@@ -1212,7 +1187,7 @@ results = {"batches": batches, "state": state, "rest": rest,
 
 
 def test_keras_style_timeseries_zip_shuffle_batch_fn_as_on_grain():
-  g, l = _results(TIMESERIES)
+  g, l = porting.run_both_grain_keys(TIMESERIES)
   assert l == g
   assert g["resumed"] is True and g["state"] == {"next_index": 8}
   assert g["rest"][-1][3] == [1, 5, 2] and len(g["unbatched"]) == 3
@@ -1292,7 +1267,7 @@ results = {"first": first, "resumed": resumed, "straight": straight}
 
 
 def test_wormhole_checkpointing_decorator_resumes_as_on_grain():
-  g, l = _results(WORMHOLE)
+  g, l = porting.run_both_grain_keys(WORMHOLE)
   assert l == g
   assert [step for (step, _), _ in g["resumed"]] == [4, 5, 6]
   assert g["resumed"] == g["straight"][3:]
@@ -1534,7 +1509,7 @@ def test_fineweb_source_errors_give_the_same_stream_but_not_grains_states():
   # without counting it in `next_index`, so its state lags one element per
   # error and a restore replays. loader's state counts it (the stream, the
   # errors and the element after each are the same).
-  g, l = _results(BOS_MISALIGNED)
+  g, l = porting.run_both_grain_keys(BOS_MISALIGNED)
   error = "BOS misalignment: index/bos_id mismatch"
   assert l["stream"] == g["stream"] and g["stream"].count(error) == 3
   errors_before = [g["stream"][:k + 1].count(error) for k in range(8)]
