@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -330,6 +331,9 @@ def _decode(state: Any) -> dict[str, Any]:
     except json.JSONDecodeError as e:  # Raised as such (a ValueError), as Grain's: clients catch it.
       raise json.JSONDecodeError(f"DataLoader state is not JSON ({e.msg}); pass the bytes "
                                  "DataLoaderIterator.get_state() returned. At", e.doc, e.pos) from e
+    except ValueError as e:  # An integer of over 4300 digits: edited or damaged, no position is that long.
+      raise ValueError(f"DataLoader state has a number of more than {sys.get_int_max_str_digits()} digits "
+                       "(damaged or edited?); pass the bytes DataLoaderIterator.get_state() returned.") from e
   if not isinstance(state, dict):
     raise ValueError(f"DataLoader state must be the JSON bytes DataLoaderIterator.get_state() returned "
                      f"(got {type(state).__name__}).")

@@ -110,6 +110,19 @@ def test_a_state_file_with_an_absurdly_long_number_is_named(tmp_path):
                           "damaged or edited?); restore from another checkpoint.")
 
 
+def test_a_data_loader_state_with_an_absurdly_long_number_says_what_it_is():
+  dl = loader.DataLoader(data_source=list(range(10)), worker_count=0,
+                         sampler=loader.samplers.IndexSampler(10, num_epochs=1, shard_options=loader.sharding.NoSharding()))
+  it = iter(dl)
+  next(it)
+  state = it.get_state().decode()
+  assert '"0": 0' in state
+  with pytest.raises(ValueError) as e:
+    iter(dl).set_state(state.replace('"0": 0', '"0": ' + "9" * 5000, 1).encode())
+  assert str(e.value) == ("DataLoader state has a number of more than 4300 digits (damaged or edited?); pass the "
+                          "bytes DataLoaderIterator.get_state() returned.")
+
+
 def test_a_state_of_a_shorter_pipeline_names_this_pipelines_extra_operations(tmp_path):
   ft.make_dataset(str(tmp_path / "in"), 1, 20, 10)
   src = str(tmp_path / "out")
