@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import io
 import logging
 import mmap
 import os
 import pickle
 import re
 import secrets
+import sys
 from multiprocessing import resource_tracker
 from multiprocessing import shared_memory
 from typing import Any
@@ -128,7 +130,7 @@ def encode(obj: Any, name: str) -> tuple:
   """Serialises `obj`; large payloads land in a new segment called `name`."""
   obj = _as_columns(obj)
   buffers: list[pickle.PickleBuffer] = []
-  data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+  data = dumps(obj, buffers)
   raws = [b.raw() for b in buffers]
   total = len(data) + sum(r.nbytes for r in raws)
   if total <= _INLINE_LIMIT:
@@ -151,6 +153,44 @@ def encode(obj: Any, name: str) -> tuple:
       raise
     _warn_no_room(e, size)
     return ("inline", data, [bytes(r) for r in raws])
+
+
+def dumps(obj: Any, buffers: list | None = None) -> bytes:
+  """pickle.dumps (protocol 5, out-of-band buffers appended to `buffers`), but the script's classes go by name.
+
+  The pipeline reaches the workers with cloudpickle, which sends classes
+  defined in `__main__` by value: in a worker they are copies that its
+  `__main__` (the script run again, or an empty one: `python -c`, a notebook,
+  no guard, workers_run_main=False) does not hold, so pickle refuses their
+  instances ("it's not the same object as __main__.Point"). By name, the
+  consumer rebuilds them with its own classes (isinstance holds). Only after
+  the C pickler failed: the usual case costs nothing more.
+  """
+  try:
+    return pickle.dumps(obj, protocol=5, buffer_callback=None if buffers is None else buffers.append)
+  except pickle.PicklingError:
+    if buffers is not None:
+      buffers.clear()
+  file = io.BytesIO()
+  _MainByName(file, protocol=5, buffer_callback=None if buffers is None else buffers.append).dump(obj)
+  return file.getvalue()
+
+
+class _MainByName(pickle.Pickler):
+  """A pickler that refers to classes defined in `__main__` by their name there (see `dumps`)."""
+
+  def reducer_override(self, obj: Any) -> Any:
+    if isinstance(obj, type) and obj.__module__ == "__main__" and "<locals>" not in obj.__qualname__:
+      return _main_attribute, (obj.__qualname__,)
+    return NotImplemented
+
+
+def _main_attribute(qualname: str) -> Any:
+  """`__main__.<qualname>` of this process (a class a worker sent by name)."""
+  obj = sys.modules["__main__"]
+  for name in qualname.split("."):
+    obj = getattr(obj, name)
+  return obj
 
 
 def _warn_no_room(error: OSError, size: int) -> None:

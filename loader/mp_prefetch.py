@@ -160,7 +160,7 @@ def _describe(error: BaseException) -> tuple[str, bytes | None]:
   """Traceback text and, if picklable, the exception itself."""
   text = "".join(traceback.format_exception(error))
   try:
-    return text, pickle.dumps(error)
+    return text, ipc.dumps(error)  # An exception class the script defines goes by name (see ipc.dumps).
   except Exception:  # pylint: disable=broad-except
     return text, None
 
@@ -247,6 +247,27 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
   conn.close()
 
 
+def _disown_workers() -> None:
+  """In a child forked with os.fork: forgets the parent's workers.
+
+  multiprocessing's exit hook terminates (SIGTERM) every daemon process it
+  lists as a child, and a fork inherits the list: the child's ordinary exit
+  (sys.exit, the end of its code) would kill the parent's workers and end the
+  parent's iterator with a WorkerError. (multiprocessing's own forks clear
+  the list; os.fork does not.)
+  """
+  children = multiprocessing.process._children  # pylint: disable=protected-access
+  for proc in list(_WORKERS):
+    children.discard(proc)
+
+
+_WORKERS: weakref.WeakSet = weakref.WeakSet()  # Every pool's worker processes (see _disown_workers).
+
+
+if hasattr(os, "register_at_fork"):
+  os.register_at_fork(after_in_child=_disown_workers)
+
+
 def _shm_chunk_bytes(num_workers: int, in_flight: int) -> int:
   """Chunk bytes that let every worker's chunks in flight, and as many held by the consumer, fit in /dev/shm.
 
@@ -280,7 +301,7 @@ def _encode_before_failure(elements: list, name: str, error: Exception, lock: th
   """
   for at, x in enumerate(elements):
     try:
-      pickle.dumps(x, protocol=5, buffer_callback=lambda _: None)
+      ipc.dumps(x, [])
     except Exception as e:  # pylint: disable=broad-except
       try:
         return _encode_tracked(elements[:at], name, lock, outstanding), e
@@ -541,6 +562,7 @@ class _WorkerPool:
             args=(w, self.num_workers, child_conn, payload, self.prefix, os.getpid()),
             name=f"loader-worker-{w}", daemon=True)
         proc.start()
+        _WORKERS.add(proc)
         child_conn.close()
         self.procs.append(proc)
         self.conns.append(parent_conn)
@@ -737,6 +759,7 @@ class MultiprocessChunkProducer:
     self._next_consume = 0
     self._local_first = pool.parent_reads_first_chunk and _runs_only_loader_code(ds)
     self._detached = False
+    self._one_by_one_until = 0  # Positions before it go one per chunk (after a chunk that did not unpickle).
 
   def start(self) -> None:
     """Starts the workers and sends them this part's first chunks."""
@@ -772,7 +795,7 @@ class MultiprocessChunkProducer:
 
   def _add_chunk(self, w: int) -> int:
     c, start = self._next_request, self._next_start
-    stop = min(start + self._sizer.size(start), self._len)
+    stop = min(start + (1 if start < self._one_by_one_until else self._sizer.size(start)), self._len)
     self._chunks[c] = (start, stop, w)
     self._next_start = stop
     self._next_request += 1
@@ -848,10 +871,29 @@ class MultiprocessChunkProducer:
     _, _, _, _, desc, failure, seconds = msg
     try:
       elements = ipc.decode(desc)
+    except Exception as e:  # pylint: disable=broad-except
+      # An element that does not unpickle here (a class or module only the
+      # worker imported). Asked again, the chunk would fail again forever:
+      # its elements come one by one instead, so the good ones arrive and the
+      # bad one fails alone at its own position, consumed like a map's error.
+      self._pool.release(w, desc)
+      self.reset(start)  # Not handed out.
+      if isinstance(e, OSError):  # Mapping the segment failed, not an element: the next call asks again.
+        raise
+      if stop - start > 1:
+        self._one_by_one_until = max(self._one_by_one_until, stop)
+        elements = None  # Asked again below, outside this handler.
+      else:
+        e.add_note(f"Worker {w} (pid {self._pool.procs[w].pid}) computed element {start} of {self._ds!r}, but "
+                   "it cannot be unpickled in this process; make what it refers to (a module, a class) importable "
+                   "here too. The stream goes on after it.")
+        return start, [], e
     except BaseException:
       self._pool.release(w, desc)
       self.reset(start)  # Not handed out: the next call asks for it again.
       raise
+    if elements is None:
+      return self.next_chunk()
     self._pool.acknowledge(w, desc)
     self._sizer.observe(elements, seconds)
     self._next_consume += 1
