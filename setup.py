@@ -4,8 +4,12 @@ import pathlib
 import setuptools
 
 _HERE = pathlib.Path(__file__).parent
-_BEAM = "apache-beam>=2.77.0"
-_BEAM_GCP = "apache-beam[gcp]>=2.77.0"
+# The Beam minor that dataflow/beam_internals.py (TESTED_BEAM_VERSION) and the
+# Flex Template's SDK image were checked against: the Dataflow submitter uses
+# Beam internals that a new minor may move, so a fresh install stays on it.
+_BEAM_VERSIONS = ">=2.77.0,<2.78"
+_BEAM = f"apache-beam{_BEAM_VERSIONS}"
+_BEAM_GCP = f"apache-beam[gcp]{_BEAM_VERSIONS}"
 
 
 def _requirements() -> list[str]:

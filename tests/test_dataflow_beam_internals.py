@@ -8,6 +8,8 @@ tests/test_dataflow_submit.py, then bump TESTED_BEAM_VERSION.
 from __future__ import annotations
 
 import inspect
+import os
+import re
 
 import apache_beam
 import pytest
@@ -29,6 +31,13 @@ def test_beam_version_is_the_tested_one():
       f"apache-beam {apache_beam.__version__} is installed but dataflow/beam_internals.py was "
       f"checked against {beam_internals.TESTED_BEAM_VERSION}: re-check it (see this file's "
       "docstring), then bump TESTED_BEAM_VERSION.")
+
+
+def test_the_install_pins_the_tested_beam_minor():
+  # A fresh `pip install .[beam]` must not pick a Beam whose internals were never checked.
+  setup = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")).read()
+  major, minor = beam_internals.TESTED_BEAM_VERSION.split(".")
+  assert re.search(rf'_BEAM_VERSIONS = ">={major}\.{minor}\.0,<{major}\.{int(minor) + 1}"', setup)
 
 
 def test_dry_run_returns_the_job_before_any_client_is_made():
