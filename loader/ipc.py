@@ -166,13 +166,14 @@ def dumps(obj: Any, buffers: list | None = None) -> bytes:
   consumer rebuilds them with its own classes (isinstance holds). Only after
   the C pickler failed: the usual case costs nothing more.
   """
+  callback = None if buffers is None else buffers.append
   try:
-    return pickle.dumps(obj, protocol=5, buffer_callback=None if buffers is None else buffers.append)
+    return pickle.dumps(obj, protocol=5, buffer_callback=callback)
   except pickle.PicklingError:
     if buffers is not None:
-      buffers.clear()
+      buffers.clear()  # The failed attempt's buffers.
   file = io.BytesIO()
-  _MainByName(file, protocol=5, buffer_callback=None if buffers is None else buffers.append).dump(obj)
+  _MainByName(file, protocol=5, buffer_callback=callback).dump(obj)
   return file.getvalue()
 
 
