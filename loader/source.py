@@ -75,15 +75,18 @@ class TooManyOpenFilesError(OSError, RuntimeError):
 class FileChangedError(RuntimeError):
   """A file of an open ArrayRecordSource was truncated, replaced or deleted."""
 
-  def __init__(self, path: str, change: str):
-    self.path, self.change = path, change
+  def __init__(self, path: str, change: str, record_index: int | None = None,
+               source_index: int | None = None):
+    self.path, self.change, self.record_index, self.source_index = path, change, record_index, source_index
+    where = ("" if record_index is None else
+             f" while reading record {record_index} (index {source_index} of the source)")
     super().__init__(
-        f"{path} changed after the ArrayRecordSource was created ({change}); records read "
+        f"{path} changed after the ArrayRecordSource was created ({change}){where}; records read "
         "from it now could be wrong or empty. Do not modify a dataset while it is read: "
         "let the writer finish, then create a new ArrayRecordSource.")
 
   def __reduce__(self):
-    return (type(self), (self.path, self.change))
+    return (type(self), (self.path, self.change, self.record_index, self.source_index))
 
 
 class CorruptRecordError(RuntimeError):
@@ -626,16 +629,20 @@ class ArrayRecordSource:
           self._check_count(file_index, n)
           if n != self._counts[file_index]:
             reader.close()
-            raise FileChangedError(self._paths[file_index],
-                                   f"{n} records now, {self._counts[file_index]} before")
+            raise self._changed(file_index, f"{n} records now, {self._counts[file_index]} before")
           readers[file_index] = reader
     return reader
 
-  def _check_unchanged(self, file_index: int) -> None:
+  def _check_unchanged(self, file_index: int, local: list[int] | None = None) -> None:
     now = ondisk.file_id(self._paths[file_index])
     if now != self._ids[file_index]:
-      raise FileChangedError(self._paths[file_index],
-                             _describe_change(self._ids[file_index], now))
+      raise self._changed(file_index, _describe_change(self._ids[file_index], now), local)
+
+  def _changed(self, file_index: int, change: str, local: list[int] | None = None) -> FileChangedError:
+    """The error for a changed file, naming the first record of the read that found it."""
+    first = local[0] if local else None
+    return FileChangedError(self._paths[file_index], change, first,
+                            None if first is None else int(self._starts[file_index]) + first)
 
   def _spans(self, file_index: int, local: list[int]) -> bool:
     """Whether ascending `local` indices are read fastest as one span of the file."""
@@ -651,15 +658,18 @@ class ArrayRecordSource:
 
     `local` is ascending when it has more than one index (see `read`).
     """
-    reader = self._reader(file_index, span=self._spans(file_index, local))
+    try:
+      reader = self._reader(file_index, span=self._spans(file_index, local))
+    except FileChangedError as e:  # Found while opening: name the record this read wanted.
+      raise self._changed(file_index, e.change, local) from None
     try:
       records = reader.read(local)
     except RuntimeError as e:
-      self._check_unchanged(file_index)  # A truncated file reads as corrupt.
+      self._check_unchanged(file_index, local)  # A truncated file reads as corrupt.
       raise self._corrupt(file_index, local, e) from e
     # Checked after the read: a file changed before or while reading never
     # returns what was read from it.
-    self._check_unchanged(file_index)
+    self._check_unchanged(file_index, local)
     return records
 
   def _corrupt(self, file_index: int, local: list[int], error: RuntimeError) -> CorruptRecordError:

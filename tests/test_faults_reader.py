@@ -84,8 +84,11 @@ def test_file_truncated_under_an_open_source_raises_naming_it(two_files):
   path = str(d / "b.array_record")
   os.truncate(path, os.path.getsize(path) // 2)
   with pytest.raises(source_lib.FileChangedError,
-                     match=rf"^{path} changed after the ArrayRecordSource was created \(size "):
+                     match=rf"^{path} changed after the ArrayRecordSource was created \(size ") as e:
     src.read([60])
+  # The record being read is named: record 10 of b.array_record, 60 of the source.
+  assert (e.value.record_index, e.value.source_index) == (10, 60)
+  assert "while reading record 10 (index 60 of the source); " in str(e.value)
   assert src.read([1]) == [records[1]]  # The other file is fine.
 
 
@@ -145,10 +148,11 @@ def test_flipped_bytes_through_mp_prefetch_workers(tmp_path):
 def test_reader_errors_survive_pickling():
   # What crossing from a worker process to the parent needs.
   for error in (source_lib.CorruptRecordError("/d/x", 3, 103, "Corrupted Riegeli; at byte 9"),
-                source_lib.FileChangedError("/d/x", "size 10 -> 5 bytes")):
+                source_lib.FileChangedError("/d/x", "size 10 -> 5 bytes"),
+                source_lib.FileChangedError("/d/x", "size 10 -> 5 bytes", 3, 103)):
     back = pickle.loads(pickle.dumps(error))
     assert type(back) is type(error) and str(back) == str(error)
-    assert back.path == "/d/x"
+    assert back.path == "/d/x" and back.record_index == error.record_index
 
 
 def test_verify_checks_the_copy_it_is_given(tmp_path, capsys):
