@@ -111,6 +111,39 @@ def _grain_source_reprs(source: Any) -> set[str]:
   return reprs
 
 
+# Grain 0.2.18's datasets have no __repr__: a DataLoader state names a
+# MapDataset data_source by the default object repr, e.g.
+# "<grain._src.python.dataset.transformations.map.MapMapDataset object at 0x...>".
+_GRAIN_DATASET_REPR = re.compile(r"<grain\._src\.python\.[\w.]+\.(\w+) object>")
+
+
+def _is_grain_dataset_repr(source: Any, text: str) -> bool:
+  """Whether `text` (its address removed) is Grain's default repr of a dataset like `source`.
+
+  loader's MapDataset classes carry Grain's class names; a client's subclass
+  is named by its own module and qualified name, as Grain names it.
+  """
+  if not isinstance(source, map_dataset.MapDataset):
+    return False
+  from loader.transformations import select  # pylint: disable=g-import-not-at-top  (it imports map_dataset)
+
+  if isinstance(source, select.SelectMapDataset):  # `mix` and `select_from_datasets`: Grain's MixedMapDataset.
+    # Grain names a mixture by its parents' lengths and its selection map's repr.
+    parents = source._parents  # pylint: disable=protected-access
+    selection_map = source._selection_map  # pylint: disable=protected-access
+    return text == _ADDRESS.sub("", f"MixedMapDataset(parent_lengths={[len(p) for p in parents]}, "
+                                    f"selection_map={selection_map!r})")
+  cls = type(source)
+  if cls.__module__.split(".")[0] != "loader":
+    return text == f"<{cls.__module__}.{cls.__qualname__} object>"
+  match = _GRAIN_DATASET_REPR.fullmatch(text)
+  if match is None:
+    return False
+  if isinstance(source, map_dataset.SourceMapDataset) and isinstance(source._source, range):  # pylint: disable=protected-access
+    return match[1] == "RangeMapDataset"  # Grain's class for MapDataset.range.
+  return match[1] == cls.__name__
+
+
 def _as_shard_options(value: Any, what: str) -> sharding.ShardOptions:
   if isinstance(value, sharding.ShardOptions):
     return value
@@ -254,7 +287,10 @@ class DataLoader:
                        f"(loader reads Grain's version {_GRAIN_STATE_VERSION}).")
     expected = {"sampler": {_stable_repr(self._sampler)}, "data_source": _grain_source_reprs(self._data_source)}
     for key, mine in expected.items():
-      if _ADDRESS.sub("", str(state[key])) not in mine:
+      text = _ADDRESS.sub("", str(state[key]))
+      if key == "data_source" and _is_grain_dataset_repr(self._data_source, text):
+        continue
+      if text not in mine:
         raise ValueError(f"Grain DataLoader state is for another pipeline: {key} {state[key]!r} != "
                          f"this DataLoader's {' or '.join(map(repr, sorted(mine)))}.")
     if not self._positions_translate():
@@ -335,9 +371,17 @@ def _decode(state: Any) -> dict[str, Any]:
       raise ValueError(f"DataLoader state has a number of more than {sys.get_int_max_str_digits()} digits "
                        "(damaged or edited?); pass the bytes DataLoaderIterator.get_state() returned.") from e
   if not isinstance(state, dict):
-    raise ValueError(f"DataLoader state must be the JSON bytes DataLoaderIterator.get_state() returned "
-                     f"(got {type(state).__name__}).")
+    raise _NotADictStateError(f"DataLoader state must be the JSON bytes DataLoaderIterator.get_state() returned "
+                              f"(got {type(state).__name__}).")
   return state
+
+
+class _NotADictStateError(TypeError, ValueError):
+  """A state that decodes to no dict (e.g. a JSON string: a state `json.dump`ed once more).
+
+  A TypeError as Grain's (its `state["worker_count"]` on a str or list), which
+  clients catch; also a ValueError, as loader raised before.
+  """
 
 
 class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Iterator):
