@@ -168,7 +168,10 @@ class InputChangedError(ConversionError):
         f"{problem} while converting"
     if changed:
       what = f"{problem}: it changed while it was converted, so its shard was not written"
-    fix = "Put it back" if gone else "Let whatever writes it finish" if changed else "Fix it"
+    not_a_file = problem.startswith("was replaced by a folder") or \
+        problem.startswith("was replaced by something that is not a regular file")
+    fix = ("Put it back" if gone else "Put the file back in its place" if not_a_file else
+           "Let whatever writes it finish" if changed else "Fix it")
     super().__init__(
         f"Input {path} {what}; the shards already written are kept. {fix}, then rerun with "
         "--skip-existing to convert the rest.")
@@ -202,11 +205,15 @@ class OutputWriteError(ConversionError, OSError):
   exit_code = 1
 
   def __init__(self, path: str, reason: str,
-               resume: str = "rerun with --skip-existing to keep the shards already written"):
-    self.path, self.reason = path, reason
-    super().__init__(
-        f"Cannot write {path}: {reason}. Its temp file was removed and no partial file "
-        f"was left under its name; {write_fix(reason, path)}, then {resume}.")
+               resume: str = "rerun with --skip-existing to keep the shards already written",
+               temp_left: tuple[str, str] | None = None):
+    self.path, self.reason, self.resume, self.temp_left = path, reason, resume, temp_left
+    if temp_left is None:
+      temp = "Its temp file was removed and no partial file was left under its name"
+    else:  # E.g. an immutable folder: the temp cannot go, but must not be said to be gone.
+      temp = (f"No partial file was left under its name, but its temp file {temp_left[0]} could not be removed "
+              f"({temp_left[1]}; the next run into this folder removes it)")
+    super().__init__(f"Cannot write {path}: {reason}. {temp}; {write_fix(reason, path)}, then {resume}.")
 
 
 def write_fix(reason: str, path: str | None = None) -> str:

@@ -64,6 +64,7 @@ class ConversionGuard:
     self.output_dir = options.output_dir
     self.local = _writer.is_local(self.output_dir)
     self._created: list[str] = []
+    self._created_ids: dict[str, tuple[int, int] | None] = {}
     self._new_subfolders: list[str] = []
     self._lock: ondisk.DirLock | None = None
     self.interrupted: str | None = None  # The signal that stopped the run.
@@ -132,6 +133,7 @@ class ConversionGuard:
                         f"--output {out} (or choose another --output) and rerun.")
     try:
       self._created = ondisk.make_dirs(ondisk.local_abspath(out))
+      self._created_ids = {d: _dir_id(d) for d in self._created}
       self._lock = ondisk.DirLock(out).acquire()
       # What the lock protects from here on: a run refused in planning must not
       # take an earlier stopped run's marker for its own.
@@ -273,8 +275,23 @@ class ConversionGuard:
       self._lock.release()
       self._lock = None
     if failed:
-      ondisk.remove_empty_dirs(self._created)
+      # Only folders still the ones it made: one moved away and made again meanwhile is someone else's.
+      created = self._created
+      for i, d in enumerate(created):
+        if _dir_id(d) != self._created_ids.get(d):
+          created = created[:i]
+          break
+      ondisk.remove_empty_dirs(created)
       self._created = []
+
+
+def _dir_id(path: str) -> tuple[int, int] | None:
+  """(device, inode) of a folder, None if it is gone."""
+  try:
+    st = os.stat(path)
+  except OSError:
+    return None
+  return st.st_dev, st.st_ino
 
 
 _STOP_GRACE_S = 20.0

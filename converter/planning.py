@@ -377,6 +377,11 @@ def _rewritten_since(path: str, output: str, entry: dict[str, Any] | None) -> bo
     return False  # A copy or a move of the recorded input is judged by _same_input.
   try:
     st = os.stat(path)
+    # Another size than the manifest's: another file now, whatever its times say (a link
+    # retargeted to an older file, say: `in/x.tfrecord -> v2/x.tfrecord`).
+    size = (entry or {}).get("bytes_in")
+    if isinstance(size, int) and not isinstance(size, bool) and size != st.st_size:
+      return True
     # The inode change time too: `cp -p`, `rsync -a` and `tar x` set the old
     # modification time on new content, but cannot set that one back.
     return max(st.st_mtime_ns, st.st_ctime_ns) > os.stat(output).st_mtime_ns

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import struct
 import zlib
 from typing import BinaryIO, Iterator
@@ -296,6 +297,9 @@ class TFRecordReader:
       # Inode numbers alone are not trusted: some FUSE mounts renumber files.
       return None
     sizes = f"{before.st_size:,} bytes when opened, {now.st_size:,} now"
+    if not stat.S_ISREG(now.st_mode):  # A folder's (or FIFO's) size is no file's size.
+      kind = "a folder" if stat.S_ISDIR(now.st_mode) else "something that is not a regular file"
+      return f"was replaced by {kind} (a file of {before.st_size:,} bytes when opened)"
     if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
       return f"was replaced by another file ({sizes})"
     return f"was modified ({sizes})"

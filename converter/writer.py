@@ -155,6 +155,13 @@ def local_temp_path(final_path: str, root: str | None = None) -> str:
   return staging_file()
 
 
+def _open_dir(path: str) -> int | None:
+  try:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+  except OSError:
+    return None  # Removed by path then.
+
+
 def _check_root(root: str | None) -> None:
   if root is not None and is_local(root) and not os.path.isdir(root):
     raise FileNotFoundError(errno.ENOENT, f"the output folder {root} is gone (moved or deleted while this run "
@@ -258,15 +265,20 @@ class ArrayRecordShardWriter:
     self._writer = None
     self.bytes_out = 0
     self.staged: str | None = None  # The written temp file, after commit(publish=False).
+    self.temp_left: tuple[str, str] | None = None  # (temp file, why) when removing it failed.
+    # The temp file's folder, held open: if the output folder is moved away mid-write, the temp
+    # file is still removed where it now is, not looked for (and missed) under its old path.
+    self._dir_fd: int | None = None
 
   def __enter__(self) -> ArrayRecordShardWriter:
     from array_record.python.array_record_module import ArrayRecordWriter
     try:
       self._tmp = local_temp_path(self.final_path, self.root)
+      self._dir_fd = _open_dir(os.path.dirname(self._tmp))
       self._writer = ArrayRecordWriter(self._tmp, self.writer_options)
     except (OSError, RuntimeError) as e:
       self._remove_tmp()
-      raise OutputWriteError(self.final_path, os_reason(e)) from e
+      raise OutputWriteError(self.final_path, os_reason(e), temp_left=self.temp_left) from e
     self.write = self._writer.write
     return self
 
@@ -288,12 +300,30 @@ class ArrayRecordShardWriter:
       raise OutputWriteError(self.final_path, os_reason(e)) from e
     # Only now: if publishing fails, __exit__ removes the temp file.
     self.staged, self._tmp = (None if publish_file else self._tmp), None
+    self._close_dir()
     return self.bytes_out
 
+  def _close_dir(self) -> None:
+    fd, self._dir_fd = self._dir_fd, None
+    if fd is not None:
+      os.close(fd)
+
   def _remove_tmp(self) -> None:
-    if self._tmp is not None and os.path.exists(self._tmp):
-      os.remove(self._tmp)
-    self._tmp = None
+    tmp, self._tmp = self._tmp, None
+    fd = self._dir_fd
+    try:
+      if tmp is None:
+        return
+      if fd is not None:
+        os.remove(os.path.basename(tmp), dir_fd=fd)
+      else:
+        os.remove(tmp)
+    except FileNotFoundError:
+      pass
+    except OSError as e:  # An immutable folder, a read-only filesystem: the next run removes it (a dead run's temp).
+      self.temp_left = (tmp, os_reason(e))
+    finally:
+      self._close_dir()
 
   def __exit__(self, exc_type, exc, tb) -> None:
     try:
@@ -307,4 +337,7 @@ class ArrayRecordShardWriter:
       self._remove_tmp()
     # ArrayRecordWriter.write reports a full disk as a RuntimeError.
     if isinstance(exc, RuntimeError) and not isinstance(exc, ConversionError):
-      raise OutputWriteError(self.final_path, os_reason(exc)) from exc
+      raise OutputWriteError(self.final_path, os_reason(exc), temp_left=self.temp_left) from exc
+    if isinstance(exc, OutputWriteError) and self.temp_left is not None and exc.temp_left is None:
+      # Its message said the temp file went: it did not.
+      raise OutputWriteError(exc.path, exc.reason, exc.resume, temp_left=self.temp_left) from exc.__cause__

@@ -27,6 +27,7 @@ if __name__ == "__main__":  # `python -m`: run as the console script (a missing 
   entry_points.run_as_script(__spec__)
 
 from converter import ConversionError
+from converter.errors import escape_controls
 from dataflow import flags
 from dataflow.checks import FlagError
 from pipelines import build, cli, run_tempdir
@@ -193,12 +194,35 @@ def check_credentials() -> None:
   auth_log = logging.getLogger("google.auth")
   level = auth_log.level
   auth_log.setLevel(logging.ERROR)  # Its failed-probe warnings would bury our one line.
+  named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")  # google-auth reads it first, when not empty.
   try:
     google.auth.default(request=offline)
-  except exceptions.DefaultCredentialsError:
+  except (exceptions.DefaultCredentialsError, OSError, ValueError) as e:
+    if named:
+      # The variable is set: "no credentials found ... set GOOGLE_APPLICATION_CREDENTIALS" would mislead.
+      raise FlagError(bad_credentials_file(named, e)) from None
+    if not isinstance(e, exceptions.DefaultCredentialsError):
+      raise
     raise FlagError(NO_CREDENTIALS) from None
   finally:
     auth_log.setLevel(level)
+
+
+def bad_credentials_file(path: str, error: BaseException) -> str:
+  """One line on a GOOGLE_APPLICATION_CREDENTIALS that names no usable credentials file."""
+  if os.path.isdir(path):
+    why = "it is a folder"
+  elif not os.path.lexists(path):
+    why = "no such file"
+  elif not os.path.exists(path):
+    why = "a broken link"
+  else:
+    # google-auth's reason, on one line; its errors carry (message, cause) as their args.
+    parts = [str(a) for a in error.args if isinstance(a, (str, BaseException))] or [str(error)]
+    why = " ".join(": ".join(p.rstrip(".") for p in parts if p).split()) or type(error).__name__
+  return (f"GOOGLE_APPLICATION_CREDENTIALS={escape_controls(path)} is not a usable credentials file ({why}); point "
+          "it at a service account key or user credentials JSON file, or unset it to use the credentials of "
+          "`gcloud auth application-default login`")
 
 
 def run(argv: Sequence[str] | None = None) -> Submission:

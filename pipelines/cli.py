@@ -47,8 +47,24 @@ def add_converter_flags(parser: argparse.ArgumentParser, *, io: bool = True) -> 
                           "re-read: arrayrecord-verify checks content).")
 
 
+def check_no_tilde(path: Any, flag: str = "--output") -> None:
+  """Refuses a path starting with `~` (`--output '~/data'`, quoted): only a shell expands it.
+
+  Taken as it is, it would make a folder named `~` in the current directory,
+  reported as "Output: ~/data", so the dataset would be looked for in the home
+  folder (and a later `rm -rf ~`, meant for the stray folder, removes that).
+  """
+  if isinstance(path, str) and re.match(r"~[\w.-]*(/|\Z)", path):
+    home = os.path.expanduser(path)
+    instead = f"Write the path out ({home})" if home != path else "Write the path out"
+    raise ValueError(f"{flag} {path!r} starts with '~', which only a shell expands (it was quoted), so it would "
+                     f"make a folder named {path.split('/')[0]!r} in the current directory. {instead}, or "
+                     f"./{path} for a folder of that name.")
+
+
 def converter_options(args: argparse.Namespace, output_dir: str | None = None) -> ConvertOptions:
   existing = "overwrite" if args.overwrite else "skip" if args.skip_existing else "error"
+  check_no_tilde(output_dir or args.output)
   return ConvertOptions(output_dir=output_dir or args.output, writer_options=args.writer_options,
                         compression=args.compression, on_corrupt=args.on_corrupt,
                         existing=existing)
@@ -137,13 +153,21 @@ def user_error_from(exc: BaseException) -> str | None:
   return None
 
 
-def run_reporting_errors(prog: str, run: Callable[[], Any]) -> tuple[Any, int | None]:
+def run_reporting_errors(prog: str, run: Callable[[], Any], output_flag: str = "--output") -> tuple[Any, int | None]:
   """Runs a conversion; our errors become one line on stderr and an exit code.
+
+  `output_flag`: this CLI's name for the output folder's flag (arrayrecord-tfds:
+  --out_dir), which the converter's messages call --output.
 
   Returns:
     (result, None) on success, or (None, exit code): 2 for bad arguments or
     inputs found before the run, 1 for a run that failed on bad data.
   """
+  def report(message: str, code: int) -> int:
+    if output_flag != "--output":
+      message = re.sub(r"--output\b", output_flag, message)
+    return fail(prog, message, code=code)
+
   printable_streams()
   # Beam would log each error with a traceback before we print our line.
   logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
@@ -158,14 +182,14 @@ def run_reporting_errors(prog: str, run: Callable[[], Any]) -> tuple[Any, int | 
   except (ConversionError, ValueError, TypeError) as e:
     # Found while converting (corrupt record, disk full): a failed run (1), not a usage error (2).
     code = getattr(e, "exit_code", 2)
-    return None, fail(prog, str(e).split(" [while running")[0], code=code)
+    return None, report(str(e).split(" [while running")[0], code)
   except Exception as e:  # pylint: disable=broad-except
     # The runner's own failure: its root cause in one line, not a Beam traceback.
     msg = user_error_from(e) or root_cause_line(e)
     if _lost_connection(e) or re.search(r"Connection(Refused|Reset|Aborted)?Error|Connection refused", msg):
       msg += (" (the storage server could not be reached; shards finished before are kept: when it is "
               "reachable again, rerun with --skip-existing)")
-    return None, fail(prog, msg.split(" [while running")[0], code=1)
+    return None, report(msg.split(" [while running")[0], 1)
 
 
 def _lost_connection(e: BaseException) -> bool:

@@ -66,8 +66,32 @@ def run_as_script(spec: Any) -> None:
       raise SystemExit(run(script))
 
 
+def _open_closed_std_streams() -> None:
+  """Gives a closed standard stream (`>&-`, `2>&-`, a daemon's) /dev/null.
+
+  Python leaves sys.stdout None then, and the first print of a run failed
+  after its work ("AttributeError: 'NoneType' object has no attribute
+  'write'", with a traceback); and the first file the run opened would get
+  descriptor 1 or 2, into which anything written to the stream (a worker
+  process's output, a library's message) would go.
+  """
+  for fd in (0, 1, 2):
+    try:
+      os.fstat(fd)
+    except OSError:
+      null = os.open(os.devnull, os.O_RDWR)
+      if null != fd:
+        os.dup2(null, fd)
+        os.close(null)
+  if sys.stdout is None:
+    sys.stdout = open(1, "w", closefd=False)  # pylint: disable=consider-using-with
+  if sys.stderr is None:
+    sys.stderr = open(2, "w", closefd=False)  # pylint: disable=consider-using-with
+
+
 def run(script: str, argv: Sequence[str] | None = None) -> int:
   """Runs a console script's main(argv); exit code 2 when its extra is missing."""
+  _open_closed_std_streams()
   try:
     exit_if_extra_missing(SCRIPTS[script][0])
   except SystemExit as e:

@@ -100,7 +100,8 @@ class _WriteShardFn(beam.DoFn):
         w.commit(publish_file=not local)
     except OutputWriteError as e:  # Re-sharding has no --skip-existing: its advice is to run it again.
       raise OutputWriteError(e.path, e.reason, resume="run the re-sharding again (it writes every shard "
-                             "anew; pass existing='overwrite' if some were published)") from None
+                             "anew; pass existing='overwrite' if some were published)",
+                             temp_left=e.temp_left) from None
     self.shards.inc()
     yield path, w.staged
 

@@ -488,7 +488,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  manifest, code = cli.run_reporting_errors(PROG, lambda: run(argv))
+  manifest, code = cli.run_reporting_errors(PROG, lambda: run(argv), output_flag="--out_dir")
   if code is not None:
     return code
   seconds, plan, checks = manifest.pop("_seconds"), manifest.pop("_plan"), manifest.pop("_checks")
