@@ -337,6 +337,11 @@ def test_directory_whose_manifest_marks_an_unfinished_conversion_is_refused(tmp_
     (lambda m: m.update(version=3), r"has version 3, newer than this arrayrecord-toolkit reads \(up to 2\); upgrade"),
     (lambda m: m["shards"][0].update(input=5), r"shard 0 \(.*\) has 'input' 5, expected a path"),
     (lambda m: m["shards"].append(dict(m["shards"][0])), r"shards 0 and 2 both name "),
+    # The same file under another name: read twice, its records would count twice.
+    (lambda m: m["shards"].append({**m["shards"][0], "output": "./" + m["shards"][0]["output"]}),
+     r"lists shards '(.+)' and '\./\1', which are the same file .*: its records would be read twice; "),
+    (lambda m: m["shards"].append({**m["shards"][1], "output": "/elsewhere/" + m["shards"][1]["output"]}),
+     r"lists shards '(.+)' and '/elsewhere/\1', which are the same file "),
 ])
 def test_hand_edited_manifests_are_refused_in_one_line(tmp_path, edit, message):
   write_array_records(tmp_path, 2, 3)
