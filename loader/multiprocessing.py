@@ -6,11 +6,15 @@ already hand every numpy array to the consumer through shared memory
 (`loader/ipc.py`). It arrives in the consumer as a plain `np.ndarray`, and
 `unlink_on_del`/`enable_async_del` have nothing to free. Grain's manual hand-over
 by segment name (`metadata`, `from_metadata`, `SharedMemoryArrayMetadata`) is
-not provided.
+not provided; Grain's private path to `SharedMemoryArrayMetadata`
+(`grain._src.python.ipc.shared_memory_array`, which Keras's Grain adapter imports
+for an `isinstance` check) ports to `_SharedMemoryArrayMetadata` here, a class of
+which loader makes no instances.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -52,3 +56,22 @@ class SharedMemoryArray(np.ndarray):
   @classmethod
   def enable_async_del(cls, num_threads: int = 1, max_outstanding_requests: int = 50) -> None:  # pylint: disable=unused-argument
     """Grain: free segments on background threads. Nothing to free here."""
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class _SharedMemoryArrayMetadata:
+  """Grain's handle to an array a worker left in shared memory, for `isinstance` checks.
+
+  Grain's DataLoader workers turn arrays into these handles on their way to
+  the consumer (and a client's transform may meet one); loader's workers pass
+  arrays as arrays, so no element is ever one. Reached only through
+  `loader._src.python.ipc.shared_memory_array.SharedMemoryArrayMetadata`.
+  """
+
+  name: str
+  shape: Iterable[int]
+  dtype: Any
+
+
+# Grain's class name (its qualified name stays this module's, so instances pickle).
+_SharedMemoryArrayMetadata.__name__ = "SharedMemoryArrayMetadata"

@@ -103,7 +103,11 @@ _MODULES: dict[str, dict[str, str]] = {
         "PackAndBatchOperation": "loader.experimental:PackAndBatchOperation"},
     "python.experimental.index_shuffle.python.index_shuffle_module": {
         "index_shuffle": "loader.experimental:index_shuffle"},
-    "python.ipc.shared_memory_array": {"SharedMemoryArray": "loader.multiprocessing:SharedMemoryArray"},
+    # SharedMemoryArrayMetadata: for Keras's Grain adapter's `isinstance` check; loader makes none.
+    "python.ipc.shared_memory_array": {
+        "SharedMemoryArray": "loader.multiprocessing:SharedMemoryArray",
+        "SharedMemoryArrayMetadata": "loader.multiprocessing:_SharedMemoryArrayMetadata",
+    },
     "python.load": {"load": "loader:load"},
     "python.operations": {n: f"loader.python:{n}" for n in (
         "Operation", "MapOperation", "RandomMapOperation", "FilterOperation", "BatchOperation")},
