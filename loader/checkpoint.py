@@ -95,8 +95,8 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
       os.close(fd)
     try:
       os.unlink(tmp)
-    except FileNotFoundError:
-      pass
+    except OSError:  # Not made (on a read-only mount that is EROFS, not ENOENT): the save's own error
+      pass           # says what to do.
     ondisk.remove_empty_dirs(created)
     if isinstance(e, OSError) and (not e.filename or e.filename == tmp):
       raise _save_error(e, path) from e  # A full disk says nothing about where it was writing.

@@ -660,11 +660,17 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
             self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
             self._buffer, self._pos = [], 0
             self._go_to_element(at)
-            raise error
+            try:
+              raise error
+            finally:
+              error = None  # Else error -> traceback -> this frame -> error: a cycle keeping the iterator.
           self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
           self._buffer, self._pos = [], 0
           self._producer.reset(self._buffer_start)
-          raise error
+          try:
+            raise error
+          finally:
+            error = None  # As above: the iterator (and its workers) go when the caller drops the error.
         resume, chunk = self._buffer_start + self._pos, None
         try:
           chunk = self._producer.next_chunk()

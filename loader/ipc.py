@@ -271,6 +271,34 @@ def _map_and_unlink(name: str, size: int) -> memoryview:
   return memoryview(mapping)
 
 
+def share_bytes(name: str, data: bytes) -> tuple | None:
+  """`data` in a new segment `name` that several processes read (`read_shared`); None if there is no room.
+
+  The writer unlinks it (`unlink`) once every reader has read it.
+  """
+  try:
+    return _write_segment(name, [data], len(data), [], len(data))
+  except OSError:
+    return None
+
+
+def read_shared(desc: tuple) -> bytes:
+  """The bytes of a `share_bytes` segment, which stays for the other readers."""
+  _, name, data_len, _, _ = desc
+  fd = _posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600)
+  try:
+    out = bytearray(data_len)
+    view, offset = memoryview(out), 0
+    while offset < data_len:
+      n = os.preadv(fd, [view[offset:]], offset)
+      if n <= 0:
+        raise OSError(f"shared-memory segment {name} ends at {offset} bytes of {data_len}")
+      offset += n
+    return bytes(out)
+  finally:
+    os.close(fd)
+
+
 def segment_name(desc: tuple) -> str | None:
   return desc[1] if desc[0] == "shm" else None
 

@@ -124,7 +124,75 @@ def _dumps(obj: Any) -> bytes:
                "worker processes with cloudpickle, and something in it cannot be pickled. Create such objects "
                "(locks, open files, clients) inside the function, e.g. on its first call, or use num_workers=0 "
                "(DataLoader: worker_count=0).")
+    part = _unpicklable_part(obj, lambda x: _pickles(cloudpickle, x))
+    if part is not None:
+      e.add_note(f"What cannot be pickled: {part}.")
     raise
+
+
+def _pickles(cloudpickle: Any, obj: Any) -> bool:
+  try:
+    _pickler_class(cloudpickle)(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+  except Exception:  # pylint: disable=broad-except
+    return False
+  return True
+
+
+def _unpicklable_part(obj: Any, pickles: Callable[[Any], bool], seen: set[int] | None = None) -> str | None:
+  """Names the first part of a pipeline sent to workers that does not pickle on its own.
+
+  Parents come before the stages on them (the source before its maps), so
+  the part named is the one a user wrote (a sampler, a source, a function),
+  not a dataset that merely holds it.
+  """
+  seen = set() if seen is None else seen
+  if id(obj) in seen:
+    return None
+  seen.add(id(obj))
+  datasets = (map_lib.MapDataset, iter_lib.IterDataset)
+  if isinstance(obj, (list, tuple)):
+    for x in obj:
+      part = _unpicklable_part(x, pickles, seen)
+      if part is not None:
+        return part
+    return None
+  if not isinstance(obj, datasets):
+    return None if pickles(obj) else f"{_short_repr(obj)}, given as the worker_init_fn"
+  try:
+    items = list(vars(obj).items())
+  except TypeError:
+    return None
+  for _, value in items:  # Parents first.
+    if _holds_datasets(value):
+      part = _unpicklable_part(value, pickles, seen)
+      if part is not None:
+        return part
+  for name, value in items:
+    if _holds_datasets(value):
+      continue
+    if not pickles(value):
+      name = name.strip("_")
+      return f"the {_PART_NAMES.get(name, name)} {_short_repr(value)} of {type(obj).__name__}"
+  return None
+
+
+# Attribute names of loader's stages as a user knows what they hold.
+_PART_NAMES = {"reader": "source", "fn": "function", "data_source": "data source"}
+
+
+def _holds_datasets(value: Any) -> bool:
+  datasets = (map_lib.MapDataset, iter_lib.IterDataset)
+  if isinstance(value, (list, tuple)):
+    return any(isinstance(v, datasets) for v in value)
+  return isinstance(value, datasets)
+
+
+def _short_repr(obj: Any) -> str:
+  try:
+    text = repr(obj)
+  except Exception:  # pylint: disable=broad-except
+    text = f"<{type(obj).__qualname__} object>"
+  return text if len(text) <= 200 else text[:197] + "..."
 
 
 @functools.cache
@@ -155,6 +223,10 @@ def _pickler_class(cloudpickle: Any) -> type:
 # pipe holds, more than the parts sharing it keep in flight.
 _MAX_QUEUED_TASKS = 32
 
+# A pipeline larger than this goes to starting workers in a shared segment (see _WorkerPool.start):
+# well under a pipe's 64 KiB, with the rest of what spawn writes there.
+_INLINE_PAYLOAD_BYTES = 16 << 10
+
 
 def _describe(error: BaseException) -> tuple[str, bytes | None]:
   """Traceback text and, if picklable, the exception itself."""
@@ -178,7 +250,7 @@ def _revived(exc_bytes: bytes | None, where: str) -> BaseException:
   return WorkerError(where)
 
 
-def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_prefix: str,
+def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes | tuple, shm_prefix: str,
                  parent_pid: int) -> None:
   """Worker loop: compute requested chunks until told to stop."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Already, since its start (see _sigint_ignored_in_children).
@@ -205,7 +277,8 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
 
   threading.Thread(target=watchdog, name="loader-parent-watchdog", daemon=True).start()
   try:
-    leaves, worker_init_fn = pickle.loads(payload)
+    # A large pipeline comes in a shared segment (see _WorkerPool.start).
+    leaves, worker_init_fn = pickle.loads(ipc.read_shared(payload) if isinstance(payload, tuple) else payload)
     # Costly elements are spread over the part's ReadOptions threads, using at
     # most this worker's share of the cores unless they wait (I/O).
     cores = max(1, engine.available_cores() // num_workers)
@@ -213,8 +286,13 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes, shm_
     if worker_init_fn is not None:
       worker_init_fn(worker_index, num_workers)
   except BaseException as e:  # pylint: disable=broad-except
-    conn.send(("fatal", *_describe(e)))
+    try:
+      conn.send(("fatal", *_describe(e)))
+    except OSError:
+      orphaned()  # The parent is gone (and its segments with it): nobody to tell.
     return
+  # Started: a death from here on is one of computing, not of starting (see _WorkerPool.raise_dead).
+  conn.send(("ready",))
   seq = 0
   while True:
     try:
@@ -511,6 +589,11 @@ class _WorkerPool:
     self.leaves: list[map_lib.MapDataset] = []
     self._threads: list[int] = []  # Per part: its ReadOptions.num_threads.
     self.procs: list[Any] = []
+    # Per worker: whether it said it started (ran the script's top level, unpickled the
+    # pipeline, ran worker_init_fn); a worker that dies before did not die computing.
+    self._ready: list[bool] = []
+    self._starts = 0
+    self._payload_segment: str | None = None  # The pipeline the workers read at start (see start).
     self.pid = os.getpid()  # The process whose pipes these are (see engine.check_same_process).
     self.conns: list[Any] = []
     ipc.sweep_dead()
@@ -553,7 +636,18 @@ class _WorkerPool:
     # Until every worker runs, the set is not usable: an interrupt meanwhile leaves it to be stopped.
     self._stopping = True
     payload = _dumps((list(zip(self.leaves, self._threads)), self.worker_init_fn))
+    self._payload_segment = None
+    if len(payload) > _INLINE_PAYLOAD_BYTES:
+      # Not in the start arguments: spawn writes them to a pipe the worker reads only after
+      # running the script's top level, so past the pipe's 64 KiB the start of a large pipeline
+      # (an in-memory source, a vocabulary) waited for each worker's imports in turn, and
+      # start_prefetch() with it. Unlinked once every worker has read it (or with the rest).
+      self._starts += 1
+      shared = ipc.share_bytes(f"{self.prefix}start{self._starts}", payload)
+      if shared is not None:
+        payload, self._payload_segment = shared, ipc.segment_name(shared)
     ctx = multiprocessing.get_context("spawn")
+    self._ready = [False] * self.num_workers
     with _spawn_context(self.options.workers_run_main), _sigint_ignored_in_children():
       for w in range(self.num_workers):
         parent_conn, child_conn = ctx.Pipe(duplex=True)
@@ -625,11 +719,33 @@ class _WorkerPool:
       what = f"before returning positions {start}..{stop - 1} of {self.leaves[leaf]!r}"
     else:
       what = f"while computing {self.leaves[0]!r}"
+    if not self._started(w):  # Not the map, then: say where else to look.
+      raise WorkerError(
+          f"Worker {w} (pid {proc.pid}) exited unexpectedly with exit code {proc.exitcode} "
+          f"{what if self._tasks[w] else ''}{', ' if self._tasks[w] else ''}while starting, before it computed "
+          "anything: in the script's top level, which workers run first when it has an `if __name__ == "
+          "\"__main__\":` guard (skip it with MultiprocessingOptions(workers_run_main=False)), or in "
+          "worker_init_fn; a traceback it printed, if any, is above on stderr. A negative code is the signal "
+          "that killed it (-9: SIGKILL, often the out-of-memory killer). This iterator cannot go on; fix what "
+          "stopped the worker, then restore its get_state() into a new iterator.")
     raise WorkerError(
         f"Worker {w} (pid {proc.pid}) exited unexpectedly with exit code "
         f"{proc.exitcode} {what}. A negative code is the "
         "signal that killed it (-9: SIGKILL, often the out-of-memory killer). This iterator cannot go on; "
         "to resume after the last element it gave, restore its get_state() into a new iterator.")
+
+  def _started(self, w: int) -> bool:
+    """Whether worker `w` (now dead) had started; its first message, if still unread, says."""
+    if w >= len(self._ready) or self._ready[w]:
+      return True
+    try:
+      first = self.conns[w].recv() if self.conns[w].poll(0) else None
+    except Exception:  # pylint: disable=broad-except  # Cut short: it died sending it.
+      return False
+    if first is not None and first[0] == "fatal":
+      raise _revived(first[2], f"Worker {w} (pid {self.procs[w].pid}) failed to start:\n{first[1]}")
+    self._ready[w] = first is not None and first[0] == "ready"
+    return self._ready[w]
 
   def receive(self, w: int, leaf: int, gen: int) -> tuple:
     """The next current-generation result of `leaf` from worker `w`."""
@@ -673,6 +789,12 @@ class _WorkerPool:
         self.raise_dead(w)
       if msg[0] == "fatal":
         raise _revived(msg[2], f"Worker {w} (pid {proc.pid}) failed to start:\n{msg[1]}")
+      if msg[0] == "ready":
+        self._ready[w] = True
+        if self._payload_segment is not None and all(self._ready):
+          ipc.unlink(self._payload_segment)
+          self._payload_segment = None
+        continue
       self._answered(w, msg)
       return msg
 
