@@ -607,7 +607,7 @@ results = {
     "train_again": [dump(b) for b in train_ds],
     "val": [dump(b) for b in val_ds],
     "gray": [[list(b.shape), np.asarray(b).sum().round(2).item()] for b in gray],
-    "reviews": [[type(t).__name__, list(t), type(y).__module__.split(".")[0], str(y.dtype), np.asarray(y).tolist()]
+    "reviews": [[type(t).__name__, list(t), type(y).__module__.split(".")[0], str(np.asarray(y).dtype), np.asarray(y).tolist()]
                 for t, y in reviews],
     "review_classes": reviews.class_names,
 }
