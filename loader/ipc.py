@@ -271,32 +271,46 @@ def _map_and_unlink(name: str, size: int) -> memoryview:
   return memoryview(mapping)
 
 
-def share_bytes(name: str, data: bytes) -> tuple | None:
-  """`data` in a new segment `name` that several processes read (`read_shared`); None if there is no room.
+def share_bytes(name: str, data: bytes, readers: int) -> tuple | None:
+  """`data` in a new segment `name` that `readers` processes read once each (`read_shared`); None if no room.
 
-  The writer unlinks it (`unlink`) once every reader has read it.
+  The last reader unlinks it: a flag byte per reader precedes the data, and a
+  reader sets its own, then looks at all (whichever reader sets the last one
+  sees them all). Not left to this process's resource tracker, which would
+  call a segment its readers removed leaked; the owner sweeps its segments
+  when it stops (see `sweep`, `sweep_dead`).
   """
   try:
-    return _write_segment(name, [data], len(data), [], len(data))
+    desc = _write_segment(name, [bytes(readers), data], readers + len(data), [readers], len(data))
   except OSError:
     return None
+  resource_tracker.unregister("/" + name, "shared_memory")
+  return desc
 
 
-def read_shared(desc: tuple) -> bytes:
-  """The bytes of a `share_bytes` segment, which stays for the other readers."""
-  _, name, data_len, _, _ = desc
-  fd = _posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600)
+def read_shared(desc: tuple, reader: int) -> bytearray:
+  """The bytes of a `share_bytes` segment, read by reader number `reader`; the last reader unlinks it."""
+  _, name, data_len, (readers,), _ = desc
+  path = "/" + name
+  fd = _posixshmem.shm_open(path, os.O_RDWR, mode=0o600)
   try:
     out = bytearray(data_len)
     view, offset = memoryview(out), 0
     while offset < data_len:
-      n = os.preadv(fd, [view[offset:]], offset)
+      n = os.preadv(fd, [view[offset:]], readers + offset)
       if n <= 0:
         raise OSError(f"shared-memory segment {name} ends at {offset} bytes of {data_len}")
       offset += n
-    return bytes(out)
+    os.pwrite(fd, b"\x01", reader)
+    done = all(os.pread(fd, readers, 0))
   finally:
     os.close(fd)
+  if done:
+    try:
+      _posixshmem.shm_unlink(path)
+    except FileNotFoundError:
+      pass  # Another reader that finished at the same time did.
+  return out  # Not bytes(out): one copy of a large pipeline in each reader, not two.
 
 
 def segment_name(desc: tuple) -> str | None:
@@ -353,7 +367,8 @@ def _namespace_tag() -> str:
   return f"{ondisk.pid_namespace() & 0xFFFF:04x}"
 
 
-_SEGMENT_RE = re.compile(r"arl(\d+)_([0-9a-f]{4})[0-9a-f]{6}_\d+_\d+\Z")
+# Result segments end in _<worker>_<seq>; a pool's start segment (share_bytes) in _start<n>.
+_SEGMENT_RE = re.compile(r"arl(\d+)_([0-9a-f]{4})[0-9a-f]{6}_(?:\d+_\d+|start\d+)\Z")
 _swept_dead = False
 
 

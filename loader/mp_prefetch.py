@@ -124,7 +124,10 @@ def _dumps(obj: Any) -> bytes:
                "worker processes with cloudpickle, and something in it cannot be pickled. Create such objects "
                "(locks, open files, clients) inside the function, e.g. on its first call, or use num_workers=0 "
                "(DataLoader: worker_count=0).")
-    part = _unpicklable_part(obj, lambda x: _pickles(cloudpickle, x))
+    try:
+      part = _unpicklable_part(obj, lambda x: _pickles(cloudpickle, x))
+    except Exception:  # pylint: disable=broad-except  # RecursionError on a very deep pipeline; a repr failing.
+      part = None
     if part is not None:
       e.add_note(f"What cannot be pickled: {part}.")
     raise
@@ -278,7 +281,8 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes | tup
   threading.Thread(target=watchdog, name="loader-parent-watchdog", daemon=True).start()
   try:
     # A large pipeline comes in a shared segment (see _WorkerPool.start).
-    leaves, worker_init_fn = pickle.loads(ipc.read_shared(payload) if isinstance(payload, tuple) else payload)
+    leaves, worker_init_fn = pickle.loads(ipc.read_shared(payload, worker_index) if isinstance(payload, tuple)
+                                          else payload)
     # Costly elements are spread over the part's ReadOptions threads, using at
     # most this worker's share of the cores unless they wait (I/O).
     cores = max(1, engine.available_cores() // num_workers)
@@ -292,7 +296,11 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes | tup
       orphaned()  # The parent is gone (and its segments with it): nobody to tell.
     return
   # Started: a death from here on is one of computing, not of starting (see _WorkerPool.raise_dead).
-  conn.send(("ready",))
+  try:
+    conn.send(("ready",))
+  except OSError:
+    orphaned()  # The parent died while this worker started.
+    return
   seq = 0
   while True:
     try:
@@ -643,7 +651,7 @@ class _WorkerPool:
       # (an in-memory source, a vocabulary) waited for each worker's imports in turn, and
       # start_prefetch() with it. Unlinked once every worker has read it (or with the rest).
       self._starts += 1
-      shared = ipc.share_bytes(f"{self.prefix}start{self._starts}", payload)
+      shared = ipc.share_bytes(f"{self.prefix}start{self._starts}", payload, self.num_workers)
       if shared is not None:
         payload, self._payload_segment = shared, ipc.segment_name(shared)
     ctx = multiprocessing.get_context("spawn")
@@ -790,13 +798,17 @@ class _WorkerPool:
       if msg[0] == "fatal":
         raise _revived(msg[2], f"Worker {w} (pid {proc.pid}) failed to start:\n{msg[1]}")
       if msg[0] == "ready":
-        self._ready[w] = True
-        if self._payload_segment is not None and all(self._ready):
-          ipc.unlink(self._payload_segment)
-          self._payload_segment = None
+        self._note_ready(w)
         continue
       self._answered(w, msg)
       return msg
+
+  def _note_ready(self, w: int) -> None:
+    """Worker `w` started; once all have, the pipeline's start segment goes."""
+    self._ready[w] = True
+    if self._payload_segment is not None and all(self._ready):
+      ipc.unlink(self._payload_segment)
+      self._payload_segment = None
 
   def _answered(self, w: int, msg: tuple) -> None:
     """Forgets the task `msg` answers (a worker answers its tasks in order)."""

@@ -265,21 +265,22 @@ def _read_manifest(directory: str) -> list[tuple[str, int]]:
         f"{path} lists {len(failed)} shard(s) whose conversion failed "
         f"(e.g. {failed[0]}); re-run the conversion before reading the dataset.")
   out = []
-  named: dict[str, str] = {}  # The file each shard resolved to -> the name that listed it first.
+  named: dict[tuple[int, int], str] = {}  # The file (device, inode) each shard is -> the name that listed it first.
   for shard in shards:
     output = shard["output"]
     located = _locate_shard(directory, output, manifest)
-    if not os.path.exists(located):
+    try:
+      st = os.stat(located)
+    except (OSError, ValueError):
       raise MissingFileError(f"{path} lists shard {output!r}, which is not at {located}: put it back, or convert "
-                             "its input again (arrayrecord-convert --skip-existing redoes only missing shards).")
-    # `x`, `./x`, `sub/../x`, its absolute path or a link to it: one file, whose records would count twice.
-    real = os.path.realpath(located)
-    if real in named:
+                             "its input again (arrayrecord-convert --skip-existing redoes only missing shards).") from None
+    # `x`, `./x`, its absolute path, a link to it or a hard link: one file, whose records would count twice.
+    if (st.st_dev, st.st_ino) in named:
       raise ondisk.ManifestError(
-          f"{path} lists shards {named[real]!r} and {output!r}, which are the same file {real}: its records "
-          "would be read twice; remove one of them from the manifest, or delete the manifest and rerun the "
-          "conversion with --skip-existing.")
-    named[real] = output
+          f"{path} lists shards {named[st.st_dev, st.st_ino]!r} and {output!r}, which are the same file "
+          f"{os.path.realpath(located)}: its records would be read twice; remove one of them from the manifest, "
+          "or delete the manifest and rerun the conversion with --skip-existing.")
+    named[st.st_dev, st.st_ino] = output
     out.append((located, shard["records"]))
   return out
 

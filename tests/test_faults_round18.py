@@ -311,3 +311,59 @@ def test_saving_a_state_onto_a_filesystem_remounted_read_only_names_the_checkpoi
     resumed = iter(loader.MapDataset.range(10).to_iter_dataset())
     loader.restore_state(path, resumed)  # The last good checkpoint.
     assert list(resumed) == list(range(1, 10))
+
+
+_SHORT_LARGE_PIPELINE = """
+import time
+
+import loader
+
+def f(x):
+  return x
+
+if __name__ == "__main__":
+  source = ["x" * 20_000] * 2  # Over the inline limit; fewer elements than workers: two never get a task.
+  it = iter(loader.MapDataset.source(source).map(f).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=4)))
+  assert list(it) == source
+  time.sleep(3)  # Every worker has started by now, read or not by the parent.
+  print("read", flush=True)
+  input()  # Held here, the iterator open: the parent's segments are looked at.
+  it.close()
+"""
+
+
+def test_the_start_segment_goes_once_every_worker_started_even_idle_ones(tmp_path):
+  # The parent unlinked it once it had read every worker's "ready", but it reads only workers it gave a
+  # task: with more workers than chunks the pipeline's start segment stayed in /dev/shm until close().
+  script = tmp_path / "train.py"
+  script.write_text(_SHORT_LARGE_PIPELINE)
+  proc = subprocess.Popen([sys.executable, str(script)], cwd=str(tmp_path), env=ft.env(), stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    assert proc.stdout.readline() == "read\n", proc.communicate(timeout=60)[1]
+    assert not {s for s in shm_segments(f"arl{proc.pid}_") if "start" in s}
+    out, err = proc.communicate("\n", timeout=60)
+    assert proc.returncode == 0, err
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  assert shm_segments(f"arl{proc.pid}_") == set()
+
+
+def test_a_start_segment_left_by_a_killed_process_group_is_swept_by_the_next_pool():
+  from loader import ipc  # pylint: disable=g-import-not-at-top
+  # What `docker kill` leaves: a pool's start segment whose consuming process is gone.
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  name = f"arl{dead.pid}_{ipc._namespace_tag()}abcdef_start1"  # pylint: disable=protected-access
+  assert ipc.share_bytes(name, b"x" * 100, 2) is not None
+  try:
+    assert name in shm_segments(f"arl{dead.pid}_")
+    ipc._swept_dead = False  # pylint: disable=protected-access  # Once per process otherwise.
+    assert ipc.sweep_dead() >= 1
+    assert name not in shm_segments(f"arl{dead.pid}_")
+  finally:
+    ipc.unlink(name)
+
