@@ -34,6 +34,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import reprlib
 import signal
 import sys
 import threading
@@ -190,9 +191,13 @@ def _holds_datasets(value: Any) -> bool:
   return isinstance(value, datasets)
 
 
+_REPR = reprlib.Repr()
+_REPR.maxother = _REPR.maxstring = 200
+
+
 def _short_repr(obj: Any) -> str:
   try:
-    text = repr(obj)
+    text = _REPR.repr(obj)  # A 2M-item list source: its first items, not a 2M-item repr to cut.
   except Exception:  # pylint: disable=broad-except
     text = f"<{type(obj).__qualname__} object>"
   return text if len(text) <= 200 else text[:197] + "..."
