@@ -206,14 +206,14 @@ class OutputWriteError(ConversionError, OSError):
 
   def __init__(self, path: str, reason: str,
                resume: str = "rerun with --skip-existing to keep the shards already written",
-               temp_left: tuple[str, str] | None = None):
+               temp_left: tuple[str, str] | None = None, fix: str | None = None):
     self.path, self.reason, self.resume, self.temp_left = path, reason, resume, temp_left
     if temp_left is None:
       temp = "Its temp file was removed and no partial file was left under its name"
     else:  # E.g. an immutable folder: the temp cannot go, but must not be said to be gone.
       temp = (f"No partial file was left under its name, but its temp file {temp_left[0]} could not be removed "
               f"({temp_left[1]}; the next run into this folder removes it)")
-    super().__init__(f"Cannot write {path}: {reason}. {temp}; {write_fix(reason, path)}, then {resume}.")
+    super().__init__(f"Cannot write {path}: {reason}. {temp}; {fix or write_fix(reason, path)}, then {resume}.")
 
 
 def write_fix(reason: str, path: str | None = None) -> str:

@@ -39,6 +39,10 @@ def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
   try:
     metadata = FileSystems.match([query])[0].metadata_list
   except Exception as e:  # Beam raises BeamIOError for a missing directory.
+    bucket = _writer.missing_bucket(query)
+    if bucket is not None:  # Beam's own error nests its listing's NotFound twice over.
+      raise NoInputFilesError(pattern, f"The bucket gs://{bucket} does not exist (or these credentials "
+                                       "cannot see it): check the bucket name and --project") from None
     if "No files found" in str(e) or "not found" in str(e).lower():
       raise NoInputFilesError(pattern, _no_files_hint(pattern, query)) from None
     raise
@@ -433,6 +437,11 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
   """
   if not inputs:
     raise ValueError("No input files to convert.")
+  bucket = _writer.missing_bucket(options.output_dir)
+  if bucket is not None:  # Else every shard's upload fails after its conversion, with a bare HTTP 404.
+    raise OutputError(f"--output {options.output_dir}: its bucket gs://{bucket} does not exist (or these "
+                      f"credentials cannot see it). Nothing was converted. Create it (gcloud storage buckets "
+                      f"create gs://{bucket}) or fix the bucket name in --output.")
   inputs = sorted(set(inputs))
   for i in inputs:
     if _writer.is_local(i) and os.path.lexists(i):

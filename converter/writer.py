@@ -45,6 +45,22 @@ def os_reason(error: BaseException) -> str:
   return text.split(";")[0].strip() or type(error).__name__
 
 
+def missing_bucket(path: str) -> str | None:
+  """The bucket of a gs:// path if it does not exist, else None (also when that cannot be told)."""
+  scheme, rest = split_uri(path)
+  if scheme != "gs://":
+    return None
+  bucket = rest.split("/", 1)[0]
+  try:
+    from apache_beam.io.filesystems import FileSystems
+    client = FileSystems.get_filesystem(path)._gcsIO().client  # pylint: disable=protected-access
+    # One try, no retries: a server that cannot be reached must not add Beam's two minutes of retrying.
+    found = client.lookup_bucket(bucket, retry=None, timeout=20)
+  except Exception:  # pylint: disable=broad-except  # No permission to look, a network error: the work says.
+    return None
+  return bucket if found is None else None
+
+
 def exists(path: str) -> bool:
   if is_local(path):
     return os.path.exists(path)
@@ -298,6 +314,24 @@ class ArrayRecordShardWriter:
         publish(self._tmp, self.final_path, self.expect)
     except (OSError, RuntimeError) as e:
       raise OutputWriteError(self.final_path, os_reason(e)) from e
+    except ConversionError:
+      raise
+    except Exception as e:
+      # The GCS client's errors are no OSError: a bucket deleted mid-run gives a bare HTTP 404, a server
+      # error a bare 5xx, neither naming the file.
+      if is_local(self.final_path):
+        raise
+      # Only a 404 asks whether the bucket is gone (google-resumable-media's InvalidResponse, or NotFound).
+      bucket = missing_bucket(self.final_path) if " 404" in f" {e}" else None
+      if bucket is not None:
+        raise OutputWriteError(
+            self.final_path, f"its bucket gs://{bucket} does not exist any more (deleted during the run?)",
+            fix=f"create the bucket again (gcloud storage buckets create gs://{bucket}) or convert into "
+                "another --output", resume="rerun (the shards written before went with the bucket)") from e
+      detail = (str(e).strip().splitlines() or [""])[0][:300]
+      raise OutputWriteError(
+          self.final_path, f"the upload failed ({type(e).__name__}{': ' + detail if detail else ''})",
+          fix="check the bucket, your access to it and the connection (a server error often passes)") from e
     # Only now: if publishing fails, __exit__ removes the temp file.
     self.staged, self._tmp = (None if publish_file else self._tmp), None
     self._close_dir()

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import re
 
-_PROJECT_RE = re.compile(r"^(?:[a-z0-9][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")
-_REGION_RE = re.compile(r"^[a-z]+(?:-[a-z]+)+[0-9]+$")
-_ZONE_RE = re.compile(r"^[a-z]+(?:-[a-z]+)+[0-9]+-[a-z]$")
-_BUCKET_RE = re.compile(r"^[a-z0-9][-_.a-z0-9]*[a-z0-9]$")
+_PROJECT_RE = re.compile(r"^(?:[a-z0-9][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]\Z")
+_REGION_RE = re.compile(r"^[a-z]+(?:-[a-z]+)+[0-9]+\Z")
+_ZONE_RE = re.compile(r"^[a-z]+(?:-[a-z]+)+[0-9]+-[a-z]\Z")
+_BUCKET_RE = re.compile(r"^[a-z0-9][-_.a-z0-9]*[a-z0-9]\Z")
 _GS_RE = re.compile(r"^gs://([^/]*)(?:/(.*))?$", re.DOTALL)
-_JOB_NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]*[a-z0-9])?$")
-_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_JOB_NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]*[a-z0-9])?\Z")
+_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+\Z")
 _SUBNETWORK_RE = re.compile(
-    r"(?:^|/)regions/([a-z0-9-]+)/subnetworks/[a-z](?:[-a-z0-9]*[a-z0-9])?$")
+    r"(?:^|/)regions/([a-z0-9-]+)/subnetworks/[a-z](?:[-a-z0-9]*[a-z0-9])?\Z")
 
 
 class FlagError(ValueError):
@@ -60,6 +60,9 @@ def gcs_path(value: str, flag: str, *, need_object: bool, example: str) -> str:
     raise FlagError(f"{flag} must be a Cloud Storage path gs://BUCKET/..., got {value!r} "
                     f"(e.g. {flag} {example}).")
   bucket, obj = m.group(1), m.group(2) or ""
+  if "\n" in value or "\r" in value:  # Cloud Storage names cannot hold them (a pasted line end, say).
+    raise FlagError(f"{flag} {value!r} holds a line break, which no Cloud Storage name can; "
+                    f"remove it (e.g. {flag} {example}).")
   if not (3 <= len(bucket) <= (222 if "." in bucket else 63)) or not _BUCKET_RE.match(bucket):
     raise FlagError(f"{flag} {value!r} names the bucket {bucket!r}, which is not a valid "
                     "bucket name: 3-63 characters of lowercase letters, digits, '-', '_' "
@@ -135,9 +138,9 @@ def positive(value: int | None, flag: str) -> int | None:
   return value
 
 
-_MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)+$")
-_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)+\Z")
+_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z")
+_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}\Z")
 
 
 def machine_type(value: str) -> str:
