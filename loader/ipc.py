@@ -28,7 +28,6 @@ import re
 import secrets
 import sys
 from multiprocessing import resource_tracker
-from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
@@ -317,13 +316,6 @@ def segment_name(desc: tuple) -> str | None:
   return desc[1] if desc[0] == "shm" else None
 
 
-def _unlink(shm: shared_memory.SharedMemory) -> None:
-  try:
-    shm.unlink()
-  except FileNotFoundError:
-    pass
-
-
 def release(desc: tuple) -> None:
   """Frees a received payload without decoding it."""
   name = segment_name(desc)
@@ -332,13 +324,21 @@ def release(desc: tuple) -> None:
 
 
 def unlink(name: str) -> None:
-  """Removes segment `name` if it still exists."""
+  """Removes segment `name` if it still exists.
+
+  By name, without mapping it: a worker killed between creating a segment
+  and sizing it leaves an empty one, which cannot be mapped ("cannot mmap an
+  empty file" replaced the error that said the worker died).
+  """
+  path = "/" + name
   try:
-    shm = shared_memory.SharedMemory(name=name)
+    _posixshmem.shm_unlink(path)
   except FileNotFoundError:
     return
-  shm.close()
-  _unlink(shm)
+  # What SharedMemory(name=...).unlink() tells the resource tracker: the
+  # registration of whoever made it is answered, and none is left behind.
+  resource_tracker.register(path, "shared_memory")
+  resource_tracker.unregister(path, "shared_memory")
 
 
 def sweep(prefix: str) -> int:

@@ -367,3 +367,18 @@ def test_a_start_segment_left_by_a_killed_process_group_is_swept_by_the_next_poo
   finally:
     ipc.unlink(name)
 
+
+
+def test_an_empty_segment_left_by_a_worker_killed_while_making_it_is_swept():
+  # A worker SIGKILLed between creating a result segment and sizing it leaves an empty one; the sweep
+  # mapped it to unlink it ("cannot mmap an empty file"), which replaced the error naming the dead worker.
+  from loader import ipc  # pylint: disable=g-import-not-at-top
+  from multiprocessing import resource_tracker  # pylint: disable=g-import-not-at-top
+  import _posixshmem  # pylint: disable=g-import-not-at-top
+  prefix = ipc.segment_prefix()
+  fd = _posixshmem.shm_open(f"/{prefix}0_1", os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+  os.close(fd)
+  resource_tracker.register(f"/{prefix}0_1", "shared_memory")  # As the worker had, before its kill.
+  assert shm_segments(prefix) == {f"{prefix}0_1"}
+  assert ipc.sweep(prefix) == 1
+  assert not shm_segments(prefix)
