@@ -15,6 +15,7 @@ and start_prefetch() of a pipeline of over 64 KiB (an in-memory source) waited f
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import subprocess
@@ -266,15 +267,27 @@ if __name__ == "__main__":
 """
 
 
+@contextlib.contextmanager
+def _held_script(tmp_path, text: str):
+  """Runs `text` as a training script that waits on stdin; afterwards, none of its segments is left."""
+  script = tmp_path / "train.py"
+  script.write_text(text)
+  proc = subprocess.Popen([sys.executable, str(script)], cwd=str(tmp_path), env=ft.env(), stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    yield proc
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  assert shm_segments(f"arl{proc.pid}_") == set()
+
+
 def test_a_large_pipeline_starts_its_workers_side_by_side_and_in_the_background(tmp_path):
   # start_prefetch() of a pipeline of over 64 KiB waited for each worker's top level in turn (4 s here,
   # 2 s per worker) instead of returning at once: the pipeline went in spawn's start-up pipe, which a
   # worker reads only after running the script's top level.
-  script = tmp_path / "train.py"
-  script.write_text(_LARGE_PIPELINE)
-  proc = subprocess.Popen([sys.executable, str(script)], cwd=str(tmp_path), env=ft.env(), stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  try:
+  with _held_script(tmp_path, _LARGE_PIPELINE) as proc:
     line = proc.stdout.readline()
     assert line, proc.communicate(timeout=60)[1]
     assert float(line) < 1.5, f"start_prefetch() took {line.strip()} s"
@@ -283,11 +296,6 @@ def test_a_large_pipeline_starts_its_workers_side_by_side_and_in_the_background(
     assert shm_segments(f"arl{proc.pid}_") == set()
     out, err = proc.communicate("\n", timeout=60)
     assert proc.returncode == 0 and out == "done\n", err
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
-  assert shm_segments(f"arl{proc.pid}_") == set()
 
 
 def test_saving_a_state_onto_a_filesystem_remounted_read_only_names_the_checkpoint(tmp_path):
@@ -336,20 +344,11 @@ if __name__ == "__main__":
 def test_the_start_segment_goes_once_every_worker_started_even_idle_ones(tmp_path):
   # The parent unlinked it once it had read every worker's "ready", but it reads only workers it gave a
   # task: with more workers than chunks the pipeline's start segment stayed in /dev/shm until close().
-  script = tmp_path / "train.py"
-  script.write_text(_SHORT_LARGE_PIPELINE)
-  proc = subprocess.Popen([sys.executable, str(script)], cwd=str(tmp_path), env=ft.env(), stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  try:
+  with _held_script(tmp_path, _SHORT_LARGE_PIPELINE) as proc:
     assert proc.stdout.readline() == "read\n", proc.communicate(timeout=60)[1]
     assert not {s for s in shm_segments(f"arl{proc.pid}_") if "start" in s}
     out, err = proc.communicate("\n", timeout=60)
     assert proc.returncode == 0, err
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
-  assert shm_segments(f"arl{proc.pid}_") == set()
 
 
 def test_a_start_segment_left_by_a_killed_process_group_is_swept_by_the_next_pool():
