@@ -33,7 +33,7 @@ from converter import writer as _writer
 from converter.errors import CompressionMismatchError, Interrupted, OutputError, OutputLockedError
 from converter.manifest import INCOMPLETE
 from converter.options import ConvertOptions
-from converter.planning import ShardPlan, plan_shards
+from converter.planning import ShardPlan, file_key, plan_shards
 from converter.tfrecord import detect_compression
 from loader import ondisk
 
@@ -133,7 +133,7 @@ class ConversionGuard:
                         f"--output {out} (or choose another --output) and rerun.")
     try:
       self._created = ondisk.make_dirs(ondisk.local_abspath(out))
-      self._created_ids = {d: _dir_id(d) for d in self._created}
+      self._created_ids = {d: file_key(d) for d in self._created}
       self._lock = ondisk.DirLock(out).acquire()
       # What the lock protects from here on: a run refused in planning must not
       # take an earlier stopped run's marker for its own.
@@ -278,20 +278,11 @@ class ConversionGuard:
       # Only folders still the ones it made: one moved away and made again meanwhile is someone else's.
       created = self._created
       for i, d in enumerate(created):
-        if _dir_id(d) != self._created_ids.get(d):
+        if file_key(d) != self._created_ids.get(d):
           created = created[:i]
           break
       ondisk.remove_empty_dirs(created)
       self._created = []
-
-
-def _dir_id(path: str) -> tuple[int, int] | None:
-  """(device, inode) of a folder, None if it is gone."""
-  try:
-    st = os.stat(path)
-  except OSError:
-    return None
-  return st.st_dev, st.st_ino
 
 
 _STOP_GRACE_S = 20.0

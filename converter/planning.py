@@ -310,8 +310,8 @@ def _real(path: str) -> str:
   return os.path.realpath(path) if _writer.is_local(path) else path
 
 
-def _file_key(path: str) -> tuple[int, int] | None:
-  """(device, inode) of an existing local file, else None."""
+def file_key(path: str) -> tuple[int, int] | None:
+  """(device, inode) of an existing local file or folder, else None."""
   if not _writer.is_local(path):
     return None
   try:
@@ -453,13 +453,13 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
   # output folder that is a link to the input folder, or a hard link must not
   # let an output replace an input.
   on_disk = {_real(i): i for i in inputs}
-  on_disk.update({key: i for i in inputs if (key := _file_key(i)) is not None})
+  on_disk.update({key: i for i in inputs if (key := file_key(i)) is not None})
   for i, o in zip(inputs, outputs):
     if o in seen:
       raise ConversionError(
           f"Inputs {seen[o]!r} and {i!r} would both be written to {o!r}. Rename "
           "one of them or convert them into different output directories.")
-    same = on_disk.get(_real(o)) or on_disk.get(_file_key(o))
+    same = on_disk.get(_real(o)) or on_disk.get(file_key(o))
     if same is not None:
       raise ConversionError(f"Output {o!r} would overwrite the input {same!r} (the same file on disk); "
                             "choose another --output.")
