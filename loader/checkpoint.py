@@ -249,8 +249,13 @@ def state_text(iterator: Any) -> str:
 
 def set_state_text(iterator: Any, text: str) -> None:
   # The iterator's own state type says how to read the file: DataLoader
-  # iterators take JSON bytes, dataset iterators a dict.
-  if isinstance(iterator.get_state(), (bytes, bytearray)):
+  # iterators take JSON bytes, dataset iterators a dict. An object without
+  # `get_state` (a DataLoader passed in place of its iterator, as in
+  # `PyGrainCheckpointRestore(data_loader)`) is given bytes, as Grain's handler
+  # gives anything that is no DatasetIterator, so it fails as Grain's does:
+  # "'DataLoader' object has no attribute 'set_state'".
+  get_state = getattr(iterator, "get_state", None)
+  if get_state is None or isinstance(get_state(), (bytes, bytearray)):
     iterator.set_state(text.encode())
   else:
     iterator.set_state(json.loads(text))

@@ -40,6 +40,21 @@ def _check_num_records(num_records) -> int:
   return int(num_records)
 
 
+def _check_python_int_seed(seed: object) -> None:
+  """Refuses an `IndexSampler` seed that is not a Python int, as Grain 0.2.18 does.
+
+  Grain's `IndexSampler` raises this TypeError ("Expected seed of int type")
+  for a numpy or JAX integer (`rng.integers(0, sys.maxsize)`, `np.int64(5)`)
+  when it shuffles, and fails on `seed.bit_length()` when it does not (an
+  AttributeError there; the same TypeError here). Taking such seeds would run
+  code that fails on Grain, and would refuse one past 2**32 with a ValueError
+  where Grain's TypeError is what clients catch; so this is a plain TypeError,
+  not loader's `SeedTypeError` (also a ValueError).
+  """
+  if seed is not None and not isinstance(seed, int):
+    raise TypeError(f"Expected seed of int type. Got seed with type {type(seed)}")
+
+
 class SequentialSampler:
   """Records in order, once. Sharding is left to the `DataLoader`."""
 
@@ -83,7 +98,8 @@ class IndexSampler:
     shuffle: Shuffle globally (within the shard), with a new order each epoch.
     num_epochs: Epochs to produce; None repeats forever.
     seed: Seed in [0, 2**32-1] for shuffling and for the per-record generators
-      of random transformations. Required when `shuffle` is True.
+      of random transformations. Required when `shuffle` is True. A Python
+      int: a numpy integer is refused with Grain's TypeError.
   """
 
   def __init__(self, num_records: int, shard_options: sharding.ShardOptions = sharding.NoSharding(),
@@ -93,6 +109,7 @@ class IndexSampler:
       num_epochs = checks.check_int(num_epochs, "num_epochs", minimum=1)
     if shuffle and seed is None:
       raise ValueError("IndexSampler(shuffle=True) needs a seed, e.g. IndexSampler(..., shuffle=True, seed=0).")
+    _check_python_int_seed(seed)
     self._seed = None if seed is None else checks.check_seed(seed, "IndexSampler")
     self._shard_options = shard_options
     self._shuffle = bool(shuffle)
