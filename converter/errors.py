@@ -137,6 +137,18 @@ class ForeignManifestError(OutputExistsError):
         "choose another --output, or pass existing='overwrite' (CLI: --overwrite) to replace it.")
 
 
+class NewerManifestError(OutputExistsError):
+  """The output directory's manifest.json was written by a newer arrayrecord-toolkit."""
+
+  def __init__(self, path: str, problem: str):
+    self.paths = [path]
+    ConversionError.__init__(
+        self, f"{path} was written by a newer arrayrecord-toolkit ({problem}); this run cannot tell which "
+        "shards it lists and would replace it with its own manifest. Nothing was converted. Upgrade "
+        "arrayrecord-toolkit to resume or extend that conversion, or pass existing='overwrite' (CLI: "
+        "--overwrite) to replace it.")
+
+
 class UnfinishedRunError(OutputExistsError):
   """manifest.json marks a run into this directory that did not finish (no flag given)."""
 
@@ -175,6 +187,21 @@ class InputChangedError(ConversionError):
     super().__init__(
         f"Input {path} {what}; the shards already written are kept. {fix}, then rerun with "
         "--skip-existing to convert the rest.")
+
+
+class DamagedSinceError(ConversionError):
+  """--skip-existing redid a shard whose input changed, and the input now loses records its output holds."""
+
+  exit_code = 1  # Found while converting: shards were already written.
+
+  def __init__(self, path: str, output: str, record_index: int, offset: int, skipped: int, truncated: bool):
+    self.path, self.output, self.record_index, self.offset = path, output, record_index, offset
+    lost = "is cut short or damaged to its end" if truncated else f"has {skipped} damaged record(s)"
+    super().__init__(
+        f"Input {path} changed since {output} was converted from it whole, and now {lost}, from record "
+        f"{record_index} at byte offset {offset}; {output} was kept, not replaced, and the shards already "
+        "written are kept. Restore or re-download the input and rerun with --skip-existing, or delete "
+        f"{output} and rerun with --skip-existing to keep only the records still readable.")
 
 
 class CompressionMismatchError(CorruptRecordError):

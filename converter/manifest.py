@@ -154,8 +154,10 @@ class FoundManifest:
     path: Its path.
     kind: 'complete' (a finished run's), 'incomplete' (the marker of a run that
       has not finished), 'damaged' (ours, but unreadable: not JSON, or our
-      format with bad fields) or 'foreign' (valid JSON that does not claim our
-      format: someone else's file, replaced only with --overwrite).
+      format with bad fields), 'newer' (our format, of a later manifest version
+      than this code reads: replaced only with --overwrite) or 'foreign' (valid
+      JSON that does not claim our format: someone else's file, replaced only
+      with --overwrite).
     manifest: The parsed manifest with full shard paths (complete, incomplete).
     problem: Why it is damaged or foreign.
   """
@@ -184,6 +186,11 @@ def find_manifest(output_dir: str) -> FoundManifest | None:
     what = (f"a JSON {type(doc).__name__}" if not isinstance(doc, dict) else
             "no 'format'" if fmt is None else f"format={fmt!r}")
     return FoundManifest(path, "foreign", problem=f"{what}, not {MANIFEST_FORMAT!r}")
+  version = doc.get("version")
+  if isinstance(version, int) and not isinstance(version, bool) and version > ondisk.MANIFEST_VERSION:
+    # Not damaged: its shards (another split's, say) and any run it marks are unknown here, not absent.
+    return FoundManifest(path, "newer", problem=f"manifest version {version}; this one reads up to "
+                                                f"{ondisk.MANIFEST_VERSION}")
   try:
     manifest = ondisk.parse_manifest(data, path, incomplete_ok=True)
   except ManifestError as e:

@@ -12,7 +12,8 @@ from typing import Any, Iterable
 
 from converter import writer as _writer
 from converter.errors import (ConcurrentRunError, ConversionError, ForeignManifestError, ManifestExistsError,
-                              NoInputFilesError, OutputError, OutputExistsError, UnfinishedRunError)
+                              NewerManifestError, NoInputFilesError, OutputError, OutputExistsError,
+                              UnfinishedRunError)
 from converter.manifest import MANIFEST_NAME, FoundManifest, find_manifest
 from converter.naming import common_dir, output_path, split_uri
 from converter.options import ConvertOptions
@@ -167,6 +168,9 @@ class ShardPlan:
   # planned): None means nothing, so a file another run wrote meanwhile is
   # never clobbered.
   replaces: Any = None
+  # A complete output converted without loss from this input before the input changed: a redo that
+  # skips records (on_corrupt='skip', the input damaged since) must not replace it.
+  lossless_output: bool = False
 
 
 def _complete_local_array_record(path: str) -> bool:
@@ -268,7 +272,8 @@ def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list
   Returns:
     ({output: earlier manifest entry} of shards a resume may keep, with what
     that manifest said of them; {output: identity it had when an unfinished
-    run planned to replace it}; the writer options that manifest records).
+    run planned to replace it}; the writer options that manifest records; the outputs of those that
+    were whole when it found their inputs changed, see ShardPlan.lossless_output).
   """
   found: FoundManifest | None = find_manifest(options.output_dir)
   marker = found.manifest if found is not None and found.kind == "incomplete" else None
@@ -277,12 +282,14 @@ def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list
   if marker is not None and not own and ondisk.marker_run_alive(marker):
     raise ConcurrentRunError(found.path, ondisk.marker_run(marker))
   if found is None or options.existing == "overwrite":
-    return {}, {}, None
+    return {}, {}, None, set()
   if found.kind == "foreign":
     raise ForeignManifestError(found.path, found.problem)
+  if found.kind == "newer":
+    raise NewerManifestError(found.path, found.problem)
   # The marker of a run that wrote or kept no shard at all guards nothing.
   if marker is not None and not own and not any(_writer.exists(s["output"]) for s in marker["shards"]):
-    return {}, {}, None
+    return {}, {}, None, set()
   if options.existing == "error" and not own:
     if marker is not None:
       raise UnfinishedRunError(found.path, ondisk.unfinished_run_message(found.path, marker))
@@ -290,7 +297,7 @@ def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list
       raise OutputExistsError(existing)
     raise ManifestExistsError(found.path, None)
   if found.kind == "damaged":
-    return {}, {}, None  # Kept shards are rebuilt from their files, so nothing is lost.
+    return {}, {}, None, set()  # Kept shards are rebuilt from their files, so nothing is lost.
   planned = set(outputs)
   shards = found.manifest["shards"]
   dropped = sorted(s["output"] for s in shards if s["output"] not in planned)
@@ -299,11 +306,13 @@ def _manifest_policy(options: ConvertOptions, outputs: list[str], existing: list
   written_with = found.manifest.get("writer_options")
   written_with = written_with if isinstance(written_with, str) else None
   if marker is None:
-    return {s["output"]: s for s in shards if s.get("status") != "failed"}, {}, written_with
+    return {s["output"]: s for s in shards if s.get("status") != "failed"}, {}, written_with, set()
   previous = {s["output"]: s for s in shards if s.get("status") == "existing"}
   stale = {s["output"]: s.get("replaces") for s in shards
            if s.get("status") == "pending" and s.get("replaces") is not None}
-  return previous, stale, written_with
+  # Whole outputs whose inputs changed, which the unfinished run had not replaced yet.
+  guarded = {s["output"] for s in shards if s["output"] in stale and s.get("lossless_output") is True}
+  return previous, stale, written_with, guarded
 
 
 def _real(path: str) -> str:
@@ -373,6 +382,9 @@ def _lossy(entry: dict[str, Any] | None) -> bool:
   return bool(entry.get("input_truncated")) or (isinstance(skipped, int) and skipped > 0)
 
 
+_INPUT_TIMES = ("input_mtime_ns", "input_ctime_ns")
+
+
 def _rewritten_since(path: str, output: str, entry: dict[str, Any] | None) -> bool:
   """Whether the input an output was converted from was modified after the output was written."""
   before = (entry or {}).get("input")
@@ -386,6 +398,12 @@ def _rewritten_since(path: str, output: str, entry: dict[str, Any] | None) -> bo
     size = (entry or {}).get("bytes_in")
     if isinstance(size, int) and not isinstance(size, bool) and size != st.st_size:
       return True
+    # The input's times as the conversion opened it, where the manifest records them: any
+    # change is a rewrite, and no clock is compared (one set back after the output was written,
+    # or an input dated in the future, would mislead the comparison below).
+    recorded = [(entry or {}).get(k) for k in _INPUT_TIMES]
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in recorded):
+      return recorded != [st.st_mtime_ns, st.st_ctime_ns]
     # The inode change time too: `cp -p`, `rsync -a` and `tar x` set the old
     # modification time on new content, but cannot set that one back.
     return max(st.st_mtime_ns, st.st_ctime_ns) > os.stat(output).st_mtime_ns
@@ -468,12 +486,13 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
     seen[o] = i
   _check_folders_free(seen, options.output_dir)
   existing = [o for o in outputs if _writer.exists(o)]
-  previous, stale, written_with = _manifest_policy(options, outputs, existing, run_id)
+  previous, stale, written_with, guarded = _manifest_policy(options, outputs, existing, run_id)
   if existing and options.existing == "error":
     raise OutputExistsError(existing)
   plans = []
   existing_set = set(existing)
   complete: set[str] = set()
+  redo: set[str] = set()
   if options.existing == "skip":
     # A damaged ArrayRecord file is redone, and so is one that an unfinished
     # --overwrite run had not replaced yet; a file that is no ArrayRecord at
@@ -493,9 +512,11 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
                                        "nor replace them")
   # Redone rather than kept: a shard that lost records when this run must lose
   # none, and one whose input was rewritten after it (re-downloaded, repaired).
-  complete = {o for i, o in zip(inputs, outputs) if o in complete
-              and not (options.on_corrupt == "fail" and _lossy(previous.get(o)))
-              and not _rewritten_since(i, o, previous.get(o))}
+  rewritten = {o for i, o in zip(inputs, outputs) if o in complete and _rewritten_since(i, o, previous.get(o))}
+  lossless = {o for o in rewritten if previous.get(o) is not None and not _lossy(previous[o])}
+  lossless |= redo & guarded
+  complete = {o for o in complete if o not in rewritten
+              and not (options.on_corrupt == "fail" and _lossy(previous.get(o)))}
   if complete and written_with is not None and written_with != options.writer_options:
     raise OutputExistsError(sorted(complete), (
         f"were written with --writer-options {written_with!r} (manifest.json says so), not this run's "
@@ -511,7 +532,8 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
       plans.append(ShardPlan(input=i, output=o, action="keep", previous=previous.get(o)))
     else:
       replaces = _writer.output_identity(o) if o in existing_set else None
-      plans.append(ShardPlan(input=i, output=o, action="convert", replaces=replaces))
+      plans.append(ShardPlan(input=i, output=o, action="convert", replaces=replaces,
+                             lossless_output=o in lossless))
   return plans
 
 
@@ -521,10 +543,11 @@ def marker_entries(plans: list[ShardPlan]) -> list[dict[str, Any]]:
   for p in plans:
     if p.action == "convert":
       replaces = list(p.replaces) if isinstance(p.replaces, tuple) else p.replaces
-      entries.append({"input": p.input, "output": p.output, "status": "pending", "replaces": replaces})
+      entries.append({"input": p.input, "output": p.output, "status": "pending", "replaces": replaces,
+                      **({"lossless_output": True} if p.lossless_output else {})})
     else:
       carried = {k: v for k, v in (p.previous or {}).items()
                  if k in ("records", "digest", "bytes_out", "compression", "record_bytes",
-                          "corrupt_records_skipped", "input_truncated")}
+                          "corrupt_records_skipped", "input_truncated", *_INPUT_TIMES)}
       entries.append({**carried, "input": p.input, "output": p.output, "status": "existing"})
   return entries

@@ -183,6 +183,8 @@ class ReadStats:
   skipped: int = 0
   bytes_records: int = 0
   truncated: bool = False
+  # (record index, byte offset) of the first record skipped or cut off, in skip mode.
+  first_loss: tuple[int, int] | None = None
 
 
 class TFRecordReader:
@@ -278,6 +280,16 @@ class TFRecordReader:
     """The local file's size when it was opened (None before, or for a URI)."""
     return None if self._opened is None else self._opened.st_size
 
+  @property
+  def opened_times(self) -> dict[str, int]:
+    """The local file's modification and inode change times (ns) when it was opened; {} before, or for a URI.
+
+    Recorded in the manifest, so a resume tells a rewritten input by these, not by comparing clocks.
+    """
+    if self._opened is None:
+      return {}
+    return {"input_mtime_ns": self._opened.st_mtime_ns, "input_ctime_ns": self._opened.st_ctime_ns}
+
   def change(self) -> str | None:
     """How the local file at `path` differs from the one opened, or None.
 
@@ -364,6 +376,7 @@ class TFRecordReader:
           continue
         if end == len(buf) or _is_uncompressed_header(buf[end:end + 12]):
           # Only this record's data is damaged: the next record starts where its header says.
+          self._note_loss(base + pos)
           stats.skipped += 1
           pos = end
           continue
@@ -383,9 +396,14 @@ class TFRecordReader:
     data, eof = _extend(rest, chunks, max(len(rest) + 1, need))
     return data, 0, base + pos, eof
 
+  def _note_loss(self, offset: int) -> None:
+    if self.stats.first_loss is None:
+      self.stats.first_loss = (self.stats.records + self.stats.skipped, offset)
+
   def _bad_tail(self, offset: int, reason: str) -> None:
     if self.on_corrupt == "fail":
       raise self._corrupt(offset, reason)
+    self._note_loss(offset)
     self.stats.skipped += 1
     self.stats.truncated = True
 
@@ -404,6 +422,7 @@ class TFRecordReader:
     """
     if self.on_corrupt == "fail":
       raise self._corrupt(offset, self._stream_damage.reason(inside_record=False))
+    self._note_loss(offset)
     self.stats.truncated = True
 
   def _truncated_stream(self, offset: int) -> None:
@@ -412,6 +431,7 @@ class TFRecordReader:
       raise self._corrupt(offset, f"the {self.detected_compression} stream ends before its "
                           "end marker (the file is truncated; records after this point "
                           "are missing)")
+    self._note_loss(offset)
     self.stats.truncated = True
 
   def _not_tfrecord(self, head: bytes, what: str) -> NotTFRecordError:
@@ -437,6 +457,7 @@ class TFRecordReader:
       if bad_offset == 0 and not _header_candidates(buf, 1):
         raise self._not_tfrecord(buf, f"no valid record header in its first {len(buf):,} bytes")
       raise self._corrupt(bad_offset, "length checksum mismatch (damaged record header)")
+    self._note_loss(bad_offset)
     data, start, lo = buf[pos + 1:], base + pos + 1, 0  # Offsets below lo in data are ruled out.
     while True:
       scan_end = max(lo, len(data) - 11)  # Offsets below it have a whole header in data.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from typing import Any, Iterable
@@ -11,7 +12,8 @@ from apache_beam.metrics import Metrics
 
 from converter import manifest as _manifest
 from converter import writer as _writer
-from converter.errors import ConcurrentRunError, CorruptRecordError, InputChangedError, InputError, OutputError
+from converter.errors import (ConcurrentRunError, CorruptRecordError, DamagedSinceError, InputChangedError, InputError,
+                              OutputError)
 from converter.manifest import RecordDigest
 from converter.options import ConvertOptions
 from converter.planning import ShardPlan, marker_entries, match_pattern, plan_shards
@@ -110,6 +112,7 @@ class _ConvertShardFn(beam.DoFn):
                                           expect=plan.replaces, root=opts.output_dir) as w:
         _manifest.write_digested(reader, w.write, digest)
         _check_unchanged(reader)  # Before publishing: records and sizes of one file.
+        _check_no_loss(plan, reader)
         bytes_out = w.commit()
     except InputError as e:
       # It was a regular file when planned: found gone or unreadable while
@@ -144,7 +147,15 @@ class _ConvertShardFn(beam.DoFn):
         "corrupt_records_skipped": reader.stats.skipped,
         "input_truncated": reader.stats.truncated,
         "seconds": round(time.monotonic() - start, 3),
+        **reader.opened_times,
     }
+
+
+def _check_no_loss(plan: ShardPlan, reader: TFRecordReader) -> None:
+  """Refuses to replace an output converted whole by one missing records of its input damaged since."""
+  stats = reader.stats
+  if plan.lossless_output and (stats.skipped or stats.truncated) and stats.first_loss is not None:
+    raise DamagedSinceError(plan.input, plan.output, *stats.first_loss, stats.skipped, stats.truncated)
 
 
 def _check_unchanged(reader: TFRecordReader) -> None:
@@ -183,7 +194,18 @@ def kept_shard_entry(plan: ShardPlan) -> dict[str, Any]:
   return {**keep, "input": plan.input, "output": plan.output, "status": "existing",
           "records": records, "bytes_in": _writer.file_size(plan.input),
           "bytes_out": bytes_out, "digest": digest,
-          "digest_from": "manifest" if trusted else "file"}
+          "digest_from": "manifest" if trusted else "file", **_input_times(plan.input)}
+
+
+def _input_times(path: str) -> dict[str, int]:
+  """A kept shard's input times now (it was judged unchanged), for the next resume to compare against."""
+  if not _writer.is_local(path):
+    return {}
+  try:
+    st = os.stat(path)
+  except OSError:
+    return {}
+  return {"input_mtime_ns": st.st_mtime_ns, "input_ctime_ns": st.st_ctime_ns}
 
 
 def _check_marker_is_ours(results: list[dict[str, Any]], options: ConvertOptions, run_id: str) -> None:
