@@ -75,9 +75,13 @@ class _Columns:
     self.columns: list[Any] = []
     for k in self.keys:
       values = [e[k] for e in elements]
-      if _stackable(values):
+      joined = np.concatenate(values) if _stackable(values) else None
+      # np.concatenate gives a native byte order: big-endian values (a map's
+      # `np.frombuffer(record, ">u4").copy()`) travel as they are, or they
+      # would arrive as "<u4" from workers and as ">u4" without them.
+      if joined is not None and joined.dtype == values[0].dtype:
         lengths = np.fromiter((v.shape[0] for v in values), np.int64, len(values))
-        self.columns.append((np.concatenate(values), lengths))
+        self.columns.append((joined, lengths))
       else:
         self.columns.append(values)
 
@@ -259,7 +263,15 @@ def decode(desc: tuple) -> Any:
 
 def _map_and_unlink(name: str, size: int) -> memoryview:
   path = "/" + name  # SharedMemory's POSIX name for `name`.
-  fd = _posixshmem.shm_open(path, os.O_RDWR, mode=0o600)
+  try:
+    fd = _posixshmem.shm_open(path, os.O_RDWR, mode=0o600)
+  except FileNotFoundError:
+    # Removed by another process (see MultiprocessChunkProducer.next_chunk):
+    # the worker's registration goes too, or the resource tracker warns at
+    # exit about a segment it cannot find.
+    resource_tracker.register(path, "shared_memory")
+    resource_tracker.unregister(path, "shared_memory")
+    raise
   try:
     mapping = mmap.mmap(fd, size)
   finally:
@@ -334,7 +346,7 @@ def unlink(name: str) -> None:
   try:
     _posixshmem.shm_unlink(path)
   except FileNotFoundError:
-    return
+    pass  # Unlinked already, or removed by another process (its maker's registration is still answered).
   # What SharedMemory(name=...).unlink() tells the resource tracker: the
   # registration of whoever made it is answered, and none is left behind.
   resource_tracker.register(path, "shared_memory")

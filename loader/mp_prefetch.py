@@ -28,6 +28,7 @@ import ast
 import atexit
 import collections
 import contextlib
+import errno
 import functools
 import io
 import multiprocessing
@@ -35,6 +36,7 @@ import multiprocessing.connection
 import os
 import pickle
 import reprlib
+import resource
 import signal
 import sys
 import threading
@@ -52,6 +54,7 @@ from loader import iter_dataset as iter_lib
 from loader import map_dataset as map_lib
 from loader import options as options_lib
 from loader import realign
+from loader import source as source_lib
 
 _PARENT_POLL_S = 0.5
 # Grain's default for mp_prefetch() without options.
@@ -59,6 +62,7 @@ _DEFAULT_NUM_WORKERS = 10
 _LOCAL = -1  # Chunk computed by the parent itself.
 _DESC = 4  # Index of the payload descriptor in an "ok" message.
 _STOP_GRACE_S = 1.0
+_SEGMENT_RETRIES = 3  # Results whose segment was removed by another process, in a row, asked again before an error.
 
 
 class ClosedWhileWaitingError(ValueError):
@@ -240,9 +244,51 @@ def _describe(error: BaseException) -> tuple[str, bytes | None]:
   """Traceback text and, if picklable, the exception itself."""
   text = "".join(traceback.format_exception(error))
   try:
-    return text, ipc.dumps(error)  # An exception class the script defines goes by name (see ipc.dumps).
+    whole = ipc.dumps(error)  # An exception class the script defines goes by name (see ipc.dumps).
   except Exception:  # pylint: disable=broad-except
-    return text, None
+    whole = None
+  # Its class, args and attributes apart: an exception whose __init__ takes
+  # other arguments than its args (`def __init__(self, path, index)` calling
+  # super().__init__(message), as botocore's ClientError) pickles, but
+  # unpickling calls cls(*args) and fails; one holding a lock or a file does
+  # not pickle. Either was a WorkerError, which `except ThatError` missed.
+  try:
+    attributes = {k: v for k, v in getattr(error, "__dict__", {}).items() if _dumps_alone(v)}
+    parts = ipc.dumps((type(error), error.args if _dumps_alone(error.args) else (str(error),), attributes))
+  except Exception:  # pylint: disable=broad-except
+    return text, whole
+  return text, ipc.dumps(_Revivable(whole, parts))
+
+
+def _dumps_alone(value: Any) -> bool:
+  try:
+    ipc.dumps(value)
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+class _Revivable:
+  """A worker's exception that unpickles as itself, else as its class with its args and attributes set."""
+
+  def __init__(self, whole: bytes | None, parts: bytes):
+    self.whole, self.parts = whole, parts
+
+  def __reduce__(self):
+    return _revive_exception, (self.whole, self.parts)
+
+
+def _revive_exception(whole: bytes | None, parts: bytes) -> BaseException:
+  if whole is not None:
+    try:
+      return pickle.loads(whole)
+    except Exception:  # pylint: disable=broad-except
+      pass
+  cls, args, attributes = pickle.loads(parts)
+  error = cls.__new__(cls)  # Without cls.__init__, which may want other arguments.
+  error.args = args
+  error.__dict__.update(attributes)
+  return error
 
 
 def _revived(exc_bytes: bytes | None, where: str) -> BaseException:
@@ -286,8 +332,7 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes | tup
   threading.Thread(target=watchdog, name="loader-parent-watchdog", daemon=True).start()
   try:
     # A large pipeline comes in a shared segment (see _WorkerPool.start).
-    leaves, worker_init_fn = pickle.loads(ipc.read_shared(payload, worker_index) if isinstance(payload, tuple)
-                                          else payload)
+    leaves, worker_init_fn = pickle.loads(_start_payload(payload, worker_index))
     # Costly elements are spread over the part's ReadOptions threads, using at
     # most this worker's share of the cores unless they wait (I/O).
     cores = max(1, engine.available_cores() // num_workers)
@@ -336,6 +381,24 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes | tup
     except (BrokenPipeError, OSError):
       orphaned()
   conn.close()
+
+
+def _start_payload(payload: bytes | tuple, worker_index: int) -> bytes | bytearray:
+  """The pickled pipeline a starting worker was given, or read from its shared segment."""
+  if not isinstance(payload, tuple):
+    return payload
+  try:
+    return ipc.read_shared(payload, worker_index)
+  except FileNotFoundError:
+    # As a result segment (see MultiprocessChunkProducer.next_chunk); the
+    # parent's next call starts new workers, with a new segment.
+    raise FileNotFoundError(
+        errno.ENOENT,
+        f"{ipc.SHM_DIR}/{ipc.segment_name(payload)} (the pipeline sent to the starting workers) was removed by "
+        f"another process before worker {worker_index} read it: something empties {ipc.SHM_DIR} under the "
+        "running job (systemd-logind's RemoveIPC=yes at logout: set RemoveIPC=no in /etc/systemd/logind.conf "
+        "or run the job as a system user; or a cleanup job). Nothing was lost: next() starts the workers "
+        "again") from None
 
 
 def _disown_workers() -> None:
@@ -626,6 +689,15 @@ class _WorkerPool:
     self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash, self.pid)
     _watch_exit()
 
+  def __reduce__(self):
+    # As Grain's, such an iterator does not pickle (TypeError). A copy made
+    # before the workers started (copy.deepcopy, pickle) held a dead
+    # finalizer and said "close() was called while it waited for a worker"
+    # at its first element; after, pickle named an AuthenticationString.
+    raise TypeError(
+        f"An iterator of {self.leaves[0] if self.leaves else 'a dataset'!r} with worker processes cannot be "
+        "pickled or copied; save its get_state() and set_state() it into a new iterator.")
+
   def register(self, ds: map_lib.MapDataset, num_threads: int) -> int:
     """Adds a part; the pool stops when every registered part has detached."""
     self.leaves.append(ds)
@@ -663,12 +735,29 @@ class _WorkerPool:
     self._ready = [False] * self.num_workers
     with _spawn_context(self.options.workers_run_main), _sigint_ignored_in_children():
       for w in range(self.num_workers):
-        parent_conn, child_conn = ctx.Pipe(duplex=True)
-        proc = ctx.Process(
-            target=_worker_main,
-            args=(w, self.num_workers, child_conn, payload, self.prefix, os.getpid()),
-            name=f"loader-worker-{w}", daemon=True)
-        proc.start()
+        conns = []
+        try:
+          parent_conn, child_conn = conns = ctx.Pipe(duplex=True)
+          proc = ctx.Process(
+              target=_worker_main,
+              args=(w, self.num_workers, child_conn, payload, self.prefix, os.getpid()),
+              name=f"loader-worker-{w}", daemon=True)
+          proc.start()
+        except OSError as e:
+          for conn in conns:
+            conn.close()
+          if e.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+          # Was a bare "[Errno 24] Too many open files" out of multiprocessing.
+          # The workers started so far are stopped by the caller (see next_chunk).
+          soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+          raise source_lib.TooManyOpenFilesError(
+              e.errno,
+              f"Cannot start worker {w} of {self.num_workers} for {self.leaves[0] if self.leaves else 'a dataset'!r}"
+              f": {os.strerror(e.errno)} (this process may open {soft}; each worker takes a few, and an "
+              "ArrayRecordSource one per shard in each process). Raise the limit (`ulimit -n 65536` in the "
+              "shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...) at the top of the script), or use "
+              "fewer workers (MultiprocessingOptions(num_workers=...)).") from None
         _WORKERS.add(proc)
         child_conn.close()
         self.procs.append(proc)
@@ -899,6 +988,7 @@ class MultiprocessChunkProducer:
     self._local_first = pool.parent_reads_first_chunk and _runs_only_loader_code(ds)
     self._detached = False
     self._one_by_one_until = 0  # Positions before it go one per chunk (after a chunk that did not unpickle).
+    self._segments_lost = 0  # Results in a row whose segment another process removed (see next_chunk).
 
   def start(self) -> None:
     """Starts the workers and sends them this part's first chunks."""
@@ -1017,9 +1107,26 @@ class MultiprocessChunkProducer:
       # bad one fails alone at its own position, consumed like a map's error.
       self._pool.release(w, desc)
       self.reset(start)  # Not handed out.
-      if isinstance(e, OSError):  # Mapping the segment failed, not an element: the next call asks again.
+      if isinstance(e, FileNotFoundError) and ipc.segment_name(desc) is not None:
+        # Removed from /dev/shm by another process before it was read:
+        # systemd-logind (RemoveIPC=yes, the default on several
+        # distributions) removes a user's segments when their last session
+        # ends, under a job started with nohup; so does a job that empties
+        # /dev/shm. The chunk is computed again: nothing is lost.
+        self._segments_lost += 1
+        if self._segments_lost > _SEGMENT_RETRIES:
+          lost, self._segments_lost = self._segments_lost, 0
+          raise FileNotFoundError(
+              errno.ENOENT,
+              f"{ipc.SHM_DIR}/{ipc.segment_name(desc)} (positions {start}..{stop - 1} of {self._ds!r}, from "
+              f"worker {w}) was removed by another process before this one read it, {lost} times in a row: "
+              f"something empties {ipc.SHM_DIR} under the running job (systemd-logind's RemoveIPC=yes at "
+              "logout: set RemoveIPC=no in /etc/systemd/logind.conf or run the job as a system user; or a "
+              "cleanup job). Nothing was lost: next() asks for these positions again") from None
+        elements = None  # Asked again below, outside this handler.
+      elif isinstance(e, OSError):  # Mapping the segment failed, not an element: the next call asks again.
         raise
-      if stop - start > 1:
+      elif stop - start > 1:
         self._one_by_one_until = max(self._one_by_one_until, stop)
         elements = None  # Asked again below, outside this handler.
       else:
@@ -1034,6 +1141,7 @@ class MultiprocessChunkProducer:
     if elements is None:
       return self.next_chunk()
     self._pool.acknowledge(w, desc)
+    self._segments_lost = 0
     self._sizer.observe(elements, seconds)
     self._next_consume += 1
     error = None

@@ -892,19 +892,31 @@ class BatchedSource:
     if self._batched is not None and len(keys) > 1 and self._batched_works is not False:
       with _batched_read():
         if self._batched_works:
-          return list(getattr(src, self._batched)(keys))
-        try:
           out = list(getattr(src, self._batched)(keys))
+        else:
+          try:
+            out = list(getattr(src, self._batched)(keys))
+          except TypeError:
+            # A `__getitems__` that fails on its first call, as that of
+            # `tfds.testing.mock_data`'s sources (it cannot take the keys):
+            # Grain reads by index only, so such a source works there; it is
+            # read by index here too (a real error comes back from `__getitem__`).
+            if self._batched != "__getitems__":
+              raise
+            out = None
+        if out is not None and len(out) == len(keys):
           self._batched_works = True
           return out
-        except TypeError:
-          # A `__getitems__` that fails on its first call, as that of
-          # `tfds.testing.mock_data`'s sources (it cannot take the keys):
-          # Grain reads by index only, so such a source works there; it is
-          # read by index here too (a real error comes back from `__getitem__`).
-          if self._batched != "__getitems__":
-            raise
-          self._batched_works = False
+        if out is not None:
+          # Not one record per index (one skipped or added, a batch of
+          # columns): the records after it would shift to other positions, and
+          # differ with the chunking, that is with the worker count. Grain
+          # 0.2.18 reads a source by index: so is this one from now on.
+          warnings.warn(
+              f"{type(src).__name__}.{self._batched} returned {len(out)} records for {len(keys)} indices; the "
+              "source is read one index at a time instead (as Grain reads it), which is slower. Make "
+              f"{self._batched} return one record per index, in their order.", RuntimeWarning, stacklevel=2)
+        self._batched_works = False
     if not self._streams:
       return [src[i] for i in keys]  # A retry reads again: the same records, fresh.
     kept = self._kept()
