@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 
 import apache_beam
 import pytest
@@ -79,8 +78,12 @@ def test_a_launcher_command_line_parses(metadata):
 def test_dockerfile_uses_the_beam_sdk_image_and_the_entry_point():
   with open(os.path.join(FLEX, "Dockerfile")) as f:
     text = f.read()
-  py = f"{sys.version_info.major}.{sys.version_info.minor}"
-  assert f"ARG BEAM_IMAGE=apache/beam_python{py}_sdk:{apache_beam.__version__}" in text
+  # The image carries its own Python (whatever the machine that builds it runs): the
+  # workers' SDK image and the launcher base must name the same one, and Beam's version is ours.
+  (py, beam) = re.findall(r"^ARG BEAM_IMAGE=apache/beam_python(3\.\d+)_sdk:(\S+)$", text, flags=re.M)[0]
+  assert beam == apache_beam.__version__
+  assert f"ARG LAUNCHER_IMAGE=gcr.io/dataflow-templates-base/python{py.replace('.', '')}-template-launcher-base:" in text
+  assert tuple(map(int, py.split("."))) >= (3, 11)
   assert "python_template_launcher" in text and 'ENTRYPOINT ["/opt/apache/beam/boot"]' in text
   (entry,) = re.findall(r'FLEX_TEMPLATE_PYTHON_PY_FILE="\$\{WORKDIR\}/([^"]+)"', text)
   assert os.path.isfile(os.path.join(REPO, entry)), entry
