@@ -171,6 +171,9 @@ class ShardPlan:
   # A complete output converted without loss from this input before the input changed: a redo that
   # skips records (on_corrupt='skip', the input damaged since) must not replace it.
   lossless_output: bool = False
+  # A kept output's input times, taken when it was judged unchanged (the manifest records these,
+  # not a later stat: an input rewritten after planning then differs at the next resume).
+  input_times: dict[str, int] | None = None
 
 
 def _complete_local_array_record(path: str) -> bool:
@@ -385,6 +388,23 @@ def _lossy(entry: dict[str, Any] | None) -> bool:
 _INPUT_TIMES = ("input_mtime_ns", "input_ctime_ns")
 
 
+def input_times(path: str) -> dict[str, int]:
+  """A local input's modification and inode change times (ns) as the manifest records them; {} if unknown."""
+  if not _writer.is_local(path):
+    return {}
+  try:
+    st = os.stat(path)
+  except OSError:
+    return {}
+  return {"input_mtime_ns": st.st_mtime_ns, "input_ctime_ns": st.st_ctime_ns}
+
+
+def _whole(entry: dict[str, Any] | None) -> bool:
+  """Whether a manifest entry says its output holds every record of its input (not merely nothing said)."""
+  return (entry is not None and entry.get("corrupt_records_skipped") == 0
+          and entry.get("input_truncated") is False)
+
+
 def _rewritten_since(path: str, output: str, entry: dict[str, Any] | None) -> bool:
   """Whether the input an output was converted from was modified after the output was written."""
   before = (entry or {}).get("input")
@@ -512,8 +532,10 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
                                        "nor replace them")
   # Redone rather than kept: a shard that lost records when this run must lose
   # none, and one whose input was rewritten after it (re-downloaded, repaired).
+  # Taken before judging: an input rewritten meanwhile differs from these at the next resume.
+  times = {o: input_times(i) for i, o in zip(inputs, outputs) if o in complete}
   rewritten = {o for i, o in zip(inputs, outputs) if o in complete and _rewritten_since(i, o, previous.get(o))}
-  lossless = {o for o in rewritten if previous.get(o) is not None and not _lossy(previous[o])}
+  lossless = {o for o in rewritten if _whole(previous.get(o))}
   lossless |= redo & guarded
   complete = {o for o in complete if o not in rewritten
               and not (options.on_corrupt == "fail" and _lossy(previous.get(o)))}
@@ -529,7 +551,7 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
                                     "cannot keep them")
   for i, o in zip(inputs, outputs):
     if o in complete:
-      plans.append(ShardPlan(input=i, output=o, action="keep", previous=previous.get(o)))
+      plans.append(ShardPlan(input=i, output=o, action="keep", previous=previous.get(o), input_times=times[o]))
     else:
       replaces = _writer.output_identity(o) if o in existing_set else None
       plans.append(ShardPlan(input=i, output=o, action="convert", replaces=replaces,
@@ -548,6 +570,7 @@ def marker_entries(plans: list[ShardPlan]) -> list[dict[str, Any]]:
     else:
       carried = {k: v for k, v in (p.previous or {}).items()
                  if k in ("records", "digest", "bytes_out", "compression", "record_bytes",
-                          "corrupt_records_skipped", "input_truncated", *_INPUT_TIMES)}
-      entries.append({**carried, "input": p.input, "output": p.output, "status": "existing"})
+                          "corrupt_records_skipped", "input_truncated")}
+      entries.append({**carried, **(p.input_times or {}), "input": p.input, "output": p.output,
+                      "status": "existing"})
   return entries

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from typing import Any, Iterable
@@ -194,18 +193,7 @@ def kept_shard_entry(plan: ShardPlan) -> dict[str, Any]:
   return {**keep, "input": plan.input, "output": plan.output, "status": "existing",
           "records": records, "bytes_in": _writer.file_size(plan.input),
           "bytes_out": bytes_out, "digest": digest,
-          "digest_from": "manifest" if trusted else "file", **_input_times(plan.input)}
-
-
-def _input_times(path: str) -> dict[str, int]:
-  """A kept shard's input times now (it was judged unchanged), for the next resume to compare against."""
-  if not _writer.is_local(path):
-    return {}
-  try:
-    st = os.stat(path)
-  except OSError:
-    return {}
-  return {"input_mtime_ns": st.st_mtime_ns, "input_ctime_ns": st.st_ctime_ns}
+          "digest_from": "manifest" if trusted else "file", **(plan.input_times or {})}
 
 
 def _check_marker_is_ours(results: list[dict[str, Any]], options: ConvertOptions, run_id: str) -> None:

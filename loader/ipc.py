@@ -261,6 +261,14 @@ def decode(desc: tuple) -> Any:
   return pickle.loads(view[:data_len], buffers=[view[o:o + n] for o, n in layout])
 
 
+class SegmentRemovedError(FileNotFoundError):
+  """A result segment was gone from /dev/shm before the consumer opened it (removed by another process).
+
+  Its own class: an element whose unpickling raises FileNotFoundError is that
+  element's error, not a removed segment.
+  """
+
+
 def _map_and_unlink(name: str, size: int) -> memoryview:
   path = "/" + name  # SharedMemory's POSIX name for `name`.
   try:
@@ -271,7 +279,7 @@ def _map_and_unlink(name: str, size: int) -> memoryview:
     # exit about a segment it cannot find.
     resource_tracker.register(path, "shared_memory")
     resource_tracker.unregister(path, "shared_memory")
-    raise
+    raise SegmentRemovedError(errno.ENOENT, os.strerror(errno.ENOENT), SHM_DIR + path) from None
   try:
     mapping = mmap.mmap(fd, size)
   finally:

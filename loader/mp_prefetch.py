@@ -249,15 +249,47 @@ def _describe(error: BaseException) -> tuple[str, bytes | None]:
     whole = None
   # Its class, args and attributes apart: an exception whose __init__ takes
   # other arguments than its args (`def __init__(self, path, index)` calling
-  # super().__init__(message), as botocore's ClientError) pickles, but
-  # unpickling calls cls(*args) and fails; one holding a lock or a file does
-  # not pickle. Either was a WorkerError, which `except ThatError` missed.
+  # super().__init__(message), as botocore's ClientError, or an OSError
+  # subclass built from a path) pickles, but unpickling calls cls(*args) and
+  # fails; one holding a lock or a file does not pickle. Either was a
+  # WorkerError, which `except ThatError` missed.
   try:
     attributes = {k: v for k, v in getattr(error, "__dict__", {}).items() if _dumps_alone(v)}
-    parts = ipc.dumps((type(error), error.args if _dumps_alone(error.args) else (str(error),), attributes))
+    args = error.args if _dumps_alone(error.args) else (str(error),)
+    parts = ipc.dumps((type(error), args, attributes, _fields(error)))
+    # Only a rebuild that reads as the original is sent.
+    if not _same_error(_revive_exception(None, parts), error):
+      return text, whole
   except Exception:  # pylint: disable=broad-except
     return text, whole
   return text, ipc.dumps(_Revivable(whole, parts))
+
+
+# Set by a C __init__, outside args and __dict__ (OSError's, UnicodeError's).
+_C_FIELDS = ("errno", "strerror", "filename", "filename2", "encoding", "object", "start", "end", "reason")
+
+
+def _fields(error: BaseException) -> dict[str, Any]:
+  """The exception's C-level fields and __slots__ values that pickle."""
+  names = set(_C_FIELDS)
+  for klass in type(error).__mro__:
+    slots = klass.__dict__.get("__slots__", ())
+    names.update((slots,) if isinstance(slots, str) else slots)
+  out = {}
+  for name in names - {"__dict__", "__weakref__"}:
+    try:
+      value = getattr(error, name)
+    except AttributeError:
+      continue
+    # None is left unset: OSError's str() counts a filename2 set to None as given.
+    if value is not None and _dumps_alone(value):
+      out[name] = value
+  return out
+
+
+def _same_error(revived: BaseException, error: BaseException) -> bool:
+  return (type(revived) is type(error) and str(revived) == str(error)
+          and all(getattr(revived, f, None) == getattr(error, f, None) for f in _C_FIELDS))
 
 
 def _dumps_alone(value: Any) -> bool:
@@ -284,10 +316,16 @@ def _revive_exception(whole: bytes | None, parts: bytes) -> BaseException:
       return pickle.loads(whole)
     except Exception:  # pylint: disable=broad-except
       pass
-  cls, args, attributes = pickle.loads(parts)
+  cls, args, attributes, fields = pickle.loads(parts)
   error = cls.__new__(cls)  # Without cls.__init__, which may want other arguments.
   error.args = args
-  error.__dict__.update(attributes)
+  if attributes:
+    error.__dict__.update(attributes)
+  for name, value in fields.items():
+    try:
+      setattr(error, name, value)
+    except (AttributeError, TypeError):
+      pass  # A read-only field: _same_error decides whether the rebuild is sent.
   return error
 
 
@@ -1107,7 +1145,7 @@ class MultiprocessChunkProducer:
       # bad one fails alone at its own position, consumed like a map's error.
       self._pool.release(w, desc)
       self.reset(start)  # Not handed out.
-      if isinstance(e, FileNotFoundError) and ipc.segment_name(desc) is not None:
+      if isinstance(e, ipc.SegmentRemovedError):
         # Removed from /dev/shm by another process before it was read:
         # systemd-logind (RemoveIPC=yes, the default on several
         # distributions) removes a user's segments when their last session

@@ -110,7 +110,9 @@ class IndexSampler:
     if shuffle and seed is None:
       raise ValueError("IndexSampler(shuffle=True) needs a seed, e.g. IndexSampler(..., shuffle=True, seed=0).")
     _check_python_int_seed(seed)
-    self._seed = None if seed is None else checks.check_seed(seed, "IndexSampler")
+    # Grain takes a bool seed as the int it is (its Philox key is seed + index).
+    self._seed = None if seed is None else checks.check_seed(int(seed) if isinstance(seed, bool) else seed,
+                                                             "IndexSampler")
     self._shard_options = shard_options
     self._shuffle = bool(shuffle)
     self._num_epochs = num_epochs

@@ -169,3 +169,47 @@ def test_the_whole_shard_stays_kept_when_a_resume_that_changed_other_shards_is_r
     assert ar_read(str(out / ft.out_name(damaged))) == data[damaged]
   assert ar_read(str(out / ft.out_name(repaired))) == new
   assert not ft.temps(str(out))
+
+
+def test_a_kept_shard_records_its_input_times_from_when_it_was_judged(tmp_path):
+  # The times were those of a stat when the kept shard's manifest entry was written, late in a long
+  # resume: an input re-downloaded meanwhile (same size, other records) looked unchanged to the next
+  # resume, which kept the stale shard (found by review).
+  from converter import manifest as manifest_lib
+  from converter import planning, transforms
+  from converter.options import ConvertOptions
+  inp, out = tmp_path / "in", tmp_path / "out"
+  data = ft.make_dataset(str(inp), 2, 20, 500, seed=24)
+  assert _summary(_convert(inp, out)).startswith("Converted 2 file(s)")
+  inputs = sorted(str(inp / n) for n in data)
+  options = ConvertOptions(output_dir=str(out), existing="skip")
+  plans = planning.plan_shards(inputs, options, run_id="resume-1")
+  assert [p.action for p in plans] == ["keep", "keep"]
+  ft.write_tfrecords(inputs[0], [bytes([i]) * 500 for i in range(20)])  # While resume 1 converts the rest.
+  results = [transforms.kept_shard_entry(p) for p in plans]
+  manifest_lib.write_manifest(str(out), manifest_lib.build_manifest(
+      results, writer_options=options.writer_options, output_dir=str(out)))
+  again = planning.plan_shards(inputs, options, run_id="resume-2")
+  assert [p.action for p in again] == ["convert", "keep"]
+
+
+def test_a_shard_whose_losses_the_manifest_does_not_record_is_no_whole_shard(tmp_path, ar_read):
+  # A run killed before its manifest, resumed: the kept shard's entry has no loss fields (its digest
+  # was recomputed from the file). It was counted as converted whole, so after the input was copied
+  # again every skip-mode resume failed: "changed since ... was converted from it whole" (it never was).
+  inp, out = tmp_path / "in", tmp_path / "out"
+  data = ft.make_dataset(str(inp), 1, 20, 500, seed=25)
+  (name,) = data
+  _damage(inp / name, "flipped", 500)
+  assert _summary(_convert(inp, out, "--on-corrupt", "skip")).startswith("Converted 1 file(s)")
+  (out / "manifest.json").unlink()  # As a run killed before writing it leaves the folder.
+  assert _summary(_convert(inp, out, "--skip-existing", "--on-corrupt", "skip")).startswith(
+      "Converted 0 file(s), kept 1 existing")
+  entry = json.loads((out / "manifest.json").read_text())["shards"][0]
+  assert "corrupt_records_skipped" not in entry
+  data_now = (inp / name).read_bytes()
+  (inp / name).unlink()
+  (inp / name).write_bytes(data_now)  # Copied again: the same damaged bytes, new times.
+  line = _summary(_convert(inp, out, "--skip-existing", "--on-corrupt", "skip"))
+  assert line.startswith("Converted 1 file(s), kept 0 existing"), line
+  assert len(ar_read(str(out / ft.out_name(name)))) == 19

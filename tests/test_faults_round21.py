@@ -33,6 +33,8 @@ files before the fix:
 from __future__ import annotations
 
 import copy
+import errno
+import functools
 import os
 import pickle
 import re
@@ -198,6 +200,95 @@ def test_a_workers_exception_that_does_not_unpickle_is_still_raised_as_itself(tm
   assert _outcomes(it, 50) == want  # Each at its position, the stream going on after it.
   it.close()
   assert shm_segments() <= before
+
+
+class ShardMissingError(FileNotFoundError):
+  """An OSError subclass built from a path: errno, strerror and filename are C fields, not args."""
+
+  def __init__(self, path):
+    super().__init__(errno.ENOENT, os.strerror(errno.ENOENT), path)
+
+
+class SlottedError(Exception):
+  """An exception keeping its field in __slots__, which its __str__ reads."""
+
+  __slots__ = ("path",)
+
+  def __init__(self, path):
+    super().__init__()
+    self.path = path
+
+  def __str__(self):
+    return f"bad record in {self.path}"
+
+
+def _raise_odd_errors(x: int) -> int:
+  if x == 3:
+    raise ShardMissingError(f"/data/shard-{x}.array_record")
+  if x == 5:
+    raise SlottedError(f"/data/shard-{x}")
+  return x
+
+
+def _odd_outcomes(it, n):
+  out = []
+  for _ in range(n):
+    try:
+      out.append(next(it))
+    except StopIteration:
+      break
+    except ShardMissingError as e:
+      out.append(("missing", e.errno, e.strerror, e.filename, str(e)))
+    except SlottedError as e:
+      out.append(("slotted", e.path, str(e)))
+  return out
+
+
+def test_a_workers_oserror_subclass_and_slotted_exception_come_back_whole():
+  # Rebuilt without their C fields / slots they were a ShardMissingError with
+  # errno None and str "(2, 'No such file or directory')", and a SlottedError
+  # whose str() raised AttributeError (found by review of the revival above).
+  base = loader.MapDataset.range(8).map(_raise_odd_errors).to_iter_dataset()
+  want = _odd_outcomes(iter(base), 10)
+  assert want[3] == ("missing", errno.ENOENT, os.strerror(errno.ENOENT), "/data/shard-3.array_record",
+                     f"[Errno {errno.ENOENT}] {os.strerror(errno.ENOENT)}: '/data/shard-3.array_record'")
+  assert want[5] == ("slotted", "/data/shard-5", "bad record in /data/shard-5")
+  it = iter(base.mp_prefetch(loader.MultiprocessingOptions(num_workers=2)))
+  assert _odd_outcomes(it, 10) == want
+  it.close()
+
+
+def _reopen(path):
+  return open(path, "rb")
+
+
+class _Reopens:
+  """An element part that reopens its file when unpickled, here a file only the worker made."""
+
+  def __init__(self, path):
+    self.path = path
+
+  def __reduce__(self):
+    return _reopen, (self.path,)
+
+
+def _with_a_handle_made_in_the_worker(x: int, folder: str = "") -> dict:
+  path = os.path.join(folder, f"made-by-{os.getpid()}")
+  with open(path, "wb"):
+    pass
+  os.remove(path)  # Gone before the parent unpickles the element.
+  return {"a": np.full((300_000,), x % 251, np.uint8), "h": _Reopens(path)}  # A segment, not inline.
+
+
+def test_an_element_whose_unpickling_raises_file_not_found_is_not_called_a_removed_segment(tmp_path):
+  # Was retried 4 times, then replaced by advice about systemd-logind's RemoveIPC.
+  fn = functools.partial(_with_a_handle_made_in_the_worker, folder=str(tmp_path))
+  it = iter(loader.MapDataset.range(4).map(fn).to_iter_dataset().mp_prefetch(
+      loader.MultiprocessingOptions(num_workers=1)))
+  with pytest.raises(FileNotFoundError) as e:
+    next(it)
+  it.close()
+  assert "RemoveIPC" not in str(e.value) and str(tmp_path) in str(e.value)
 
 
 _SEGMENTS_REMOVED = """

@@ -1952,3 +1952,20 @@ def test_torchtitan_style_recipes_filter_random_map_mix_and_concat_as_on_grain()
   assert g_plain["bad_weight"] == ["ValueError", "DatasetMix requires finite, positive-weight datasets"]
   assert g_plain["concat_stream"] == ["TypeError", "DatasetConcat requires map-style children"]
   assert g_plain["too_many_ranks"] == ["ValueError", "dataset has 12 rows, fewer than dp_world_size=20"]
+
+
+BOOL_SEEDS = """
+import grain.python as grain
+
+out = {}
+for shuffle, seed in [(True, True), (False, False), (True, 1)]:
+  sampler = grain.IndexSampler(6, grain.NoSharding(), shuffle=shuffle, num_epochs=1, seed=seed)
+  out[f"{shuffle} {seed!r}"] = [sampler[i].record_key for i in range(6)]
+"""
+
+
+def test_index_sampler_takes_a_bool_seed_as_grain_does():
+  # Found by review of the seed check above: loader refused seed=True with a ValueError; Grain takes it as 1.
+  g, l = porting.run_both(BOOL_SEEDS)
+  assert l.out == g.out
+  assert len(g.out) == 3 and g.out["True True"] == g.out["True 1"]
