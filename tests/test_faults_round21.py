@@ -291,6 +291,16 @@ def test_an_element_whose_unpickling_raises_file_not_found_is_not_called_a_remov
   assert "RemoveIPC" not in str(e.value) and str(tmp_path) in str(e.value)
 
 
+def _run_script(folder, text: str) -> subprocess.CompletedProcess:
+  """Runs `text` as a training script (its own __main__, as workers need) that must exit 0."""
+  script = folder / "train.py"
+  script.write_text(text)
+  proc = subprocess.run([sys.executable, str(script)], cwd=str(folder), env=ft.env(), capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  return proc
+
+
 _SEGMENTS_REMOVED = """
 import os
 import sys
@@ -326,11 +336,7 @@ def test_segments_removed_from_dev_shm_by_another_process_lose_nothing(tmp_path)
   # Raised "FileNotFoundError: [Errno 2] No such file or directory: '/arl<pid>_<hex>_1_1'" out of next(),
   # naming a segment the user never made and ending the training loop, and the resource tracker warned at
   # exit about each removed segment: the chunks can be computed again, and are.
-  script = tmp_path / "train.py"
-  script.write_text(_SEGMENTS_REMOVED)
-  proc = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=ft.env(), capture_output=True,
-                        text=True, timeout=120)
-  assert proc.returncode == 0, proc.stderr
+  proc = _run_script(tmp_path, _SEGMENTS_REMOVED)
   removed, left = proc.stdout.split()[1::2]
   assert int(removed) >= 2 and int(left) == 0
   assert "resource_tracker" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
@@ -411,11 +417,7 @@ if __name__ == "__main__":
 def test_too_few_file_descriptors_to_start_the_workers_says_so_and_loses_nothing(tmp_path):
   # Was "OSError: [Errno 24] Too many open files" out of multiprocessing's spawn, with no word of the limit,
   # of workers or of what to do.
-  script = tmp_path / "train.py"
-  script.write_text(_FEW_FILES)
-  proc = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=ft.env(), capture_output=True,
-                        text=True, timeout=120)
-  assert proc.returncode == 0, proc.stderr
+  proc = _run_script(tmp_path, _FEW_FILES)
   lines = proc.stdout.splitlines()
   kind, message = lines[0].split(" | ")
   assert kind == "TooManyOpenFilesError", lines[0]
@@ -462,11 +464,7 @@ if __name__ == "__main__":
 
 def test_the_start_segment_removed_by_another_process_is_named_and_the_next_call_starts_again(tmp_path):
   # Was "FileNotFoundError: [Errno 2] No such file or directory: '/arl<pid>_<hex>_start1'".
-  script = tmp_path / "train.py"
-  script.write_text(_START_SEGMENT_REMOVED)
-  proc = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=ft.env(), capture_output=True,
-                        text=True, timeout=120)
-  assert proc.returncode == 0, proc.stderr
+  proc = _run_script(tmp_path, _START_SEGMENT_REMOVED)
   lines = proc.stdout.splitlines()
   assert lines[0].startswith("removed ['arl") and lines[0].endswith("_start1']"), proc.stdout
   message = re.sub(r"before worker [01] read it", "before worker N read it", lines[1].split(" | ", 1)[1])
