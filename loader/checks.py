@@ -81,6 +81,19 @@ class SeedTypeError(TypeError, ValueError):
   """A seed that is not an integer: a TypeError as Grain's (numpy's SeedSequence), and a ValueError."""
 
 
+class EmptyDatasetError(IndexError, ZeroDivisionError):
+  """A read (`ds[i]`, any index) from a dataset of length 0.
+
+  An IndexError, as loader's reads out of range raise, and a ZeroDivisionError,
+  as Grain 0.2.18 raises there (it takes the index modulo the length 0), so
+  code that catches Grain's error catches this one.
+  """
+
+
+class WeightsCountError(ValueError, AssertionError):
+  """`mix` weights whose count is not the datasets': a ValueError, and Grain 0.2.18's AssertionError."""
+
+
 def check_seed(seed: Any, what: str = "seed", *, any_size: bool = False) -> int:
   """A seed in [0, 2**32-1], as Grain's shuffles require; any size >= 0 with
   `any_size` (Grain's `seed()` and random maps hash it into a Philox key)."""
@@ -219,5 +232,8 @@ def element_rng(seed: int, index: int, *, op_seed: int = 0) -> np.random.Generat
   if index < 0:  # Grain puts the index in a uint64 counter word, which refuses it (ds[-1] of a random map).
     raise OverflowError(f"Python integer {index} out of bounds for uint64 (a random map's element index; "
                         "read a random map at indices >= 0).")
+  if index >= 2**64:  # Too large for that word too: Grain's OverflowError (Philox's counter would take it).
+    raise OverflowError(f"Python int too large to convert to C long (a random map's element index {index} "
+                        "does not fit in uint64).")
   counter = (int(index) << 192) | (int(op_seed) << 128)
   return np.random.Generator(np.random.Philox(key=_philox_key(seed), counter=counter))

@@ -398,6 +398,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     self._data_loader = data_loader
     self._iterator = iter(data_loader._pipeline.dataset)  # pylint: disable=protected-access
     self._ended = False
+    self._exhausted = False  # The stream ended (StopIteration); see _at_end.
     if state is not None:
       self.set_state(state)
 
@@ -409,6 +410,9 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
       raise StopIteration
     try:
       return next(self._iterator)
+    except StopIteration:
+      self._exhausted = True
+      raise
     except Exception as e:
       # A legacy MapOperation/FilterOperation's error ends the stream, as
       # Grain's generator does (other operations' errors consume the element).
@@ -424,6 +428,27 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
       return None
     return min(positions[0], pipeline.num_positions)
 
+  def _at_end(self, dataset_state: Any) -> Any:
+    """`dataset_state`, moved past the shard's last records once the stream has ended.
+
+    A batch with drop_remainder=True folded into the random-access part never
+    reads the records of its last, partial batch, so the engine's position
+    stops up to one batch (`records_per_position`) short of the shard's end.
+    Grain's batch reads them before it drops them: its state after the end
+    counts every record (last_seen_indices name the last one), and a resume
+    from it, even with other operations (drop_remainder=False), reads none of
+    them again. A stream that ended elsewhere (a source that streams) keeps its
+    position.
+    """
+    if not self._exhausted:
+      return dataset_state
+    pipeline = self._data_loader._pipeline  # pylint: disable=protected-access
+    positions = _positions(dataset_state)
+    if (len(positions) == 1 and checks.is_int(positions[0])
+        and pipeline.num_positions - pipeline.records_per_position < positions[0] < pipeline.num_positions):
+      return _replace_position(dataset_state, pipeline.num_positions)[0]
+    return dataset_state
+
   def get_state(self) -> bytes:
     """The position as JSON bytes (write it to a file as is).
 
@@ -432,7 +457,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     that reads or edits them works as with Grain.
     """
     loader = self._data_loader
-    dataset_state = self._iterator.get_state()
+    dataset_state = self._at_end(self._iterator.get_state())
     consumed = self._consumed(dataset_state)
     grain_keys = {} if consumed is None else loader._grain_position(consumed)  # pylint: disable=protected-access
     state = {**grain_keys, **loader._fingerprint(),  # pylint: disable=protected-access
@@ -442,7 +467,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
   def set_state(self, state: bytes) -> None:
     """Moves to `state`: from this pipeline's `get_state()` (any worker count) or Grain's DataLoader."""
     state = _decode(state)
-    self._ended = False
+    self._ended = self._exhausted = False
     if state.get("format") == _STATE_FORMAT:
       self._set_own_state(state)
     elif set(state) == _GRAIN_STATE_KEYS:

@@ -210,9 +210,9 @@ class MapDataset(grain_interop.MapDataset, Generic[T], metaclass=_MapDatasetMeta
     if isinstance(index, slice):
       return self.slice(index)
     i = operator.index(index)
-    if i < 0:
-      _require_nonempty(self, len(self))
-    return self._getitems(np.array([i], dtype=np.int64))[0]
+    # No emptiness check here: as in Grain, each stage that takes an index modulo a length of 0 refuses it
+    # (a selection map or map_with_index over an empty dataset may read another epoch's element).
+    return self._getitems(index_array(i))[0]
 
   def __iter__(self):
     return iter(self.to_iter_dataset())
@@ -323,7 +323,12 @@ _INT64_MIN = int(np.iinfo(np.int64).min)
 
 def _require_nonempty(ds: MapDataset, n: int) -> None:
   if n == 0:
-    raise IndexError(f"Cannot read from an empty dataset: {ds!r}")
+    raise checks.EmptyDatasetError(f"Cannot read from an empty dataset: {ds!r}")
+
+
+def index_array(i: int) -> np.ndarray:
+  """`[i]` as int64, or as a Python int past int64 (Grain takes any Python int; see divmod_index)."""
+  return np.array([i], dtype=np.int64 if _INT64_MIN <= i <= _INT64_MAX else object)
 
 
 def divmod_index(indices: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -350,7 +355,10 @@ def narrow_index(indices: np.ndarray) -> np.ndarray:
 
 def join_index(epochs: np.ndarray, n: int, pos: np.ndarray, room: int = 0) -> np.ndarray:
   """epochs * n + pos: int64, or Python ints where that (plus `room`) overflows (see divmod_index)."""
-  if epochs.size and int(epochs.max()) * n + int(pos.max()) + room > _INT64_MAX:
+  # Both ends: a negative epoch of a slice of an infinite dataset (`ds.repeat()[-4:][-2]`)
+  # lies below int64 in Grain's Python ints, and int64 would wrap it to another element.
+  if epochs.size and (int(epochs.max()) * n + int(pos.max()) + room > _INT64_MAX
+                      or int(epochs.min()) * n + int(pos.min()) < _INT64_MIN):
     return epochs.astype(object) * n + pos.astype(object)
   return epochs * n + pos
 
@@ -717,7 +725,7 @@ def first_failure(ds: MapDataset, indices: Sequence[int]) -> tuple[int, Exceptio
   """The first of `indices` whose element of `ds` fails computed alone, and its error (None: none fails)."""
   for i in indices:
     try:
-      ds._getitems(np.array([i], dtype=np.int64))  # pylint: disable=protected-access
+      ds._getitems(index_array(i))  # pylint: disable=protected-access
     except Exception as e:  # pylint: disable=broad-except
       return i, e
   return None
@@ -783,9 +791,14 @@ class BatchMapDataset(MapDataset[S]):
   def _getitems(self, indices: np.ndarray) -> list[S]:
     _require_nonempty(self, self._len)
     epochs, pos = divmod_index(indices, self._len)
+    if self._len * self._batch_size > _INT64_MAX:  # Batches of an infinite parent: starts near int64's end.
+      pos = pos.astype(object)
     starts = pos * self._batch_size
-    counts = np.minimum(starts + self._batch_size, self._parent_len) - starts
-    starts = join_index(epochs, self._parent_len, starts, room=self._batch_size)
+    # Not `min(starts + batch_size, n) - starts`: that overflows int64 for the last batches of an infinite parent.
+    # Grain's length of an infinite parent's batches is a float's ceil, which can count batches past the
+    # parent's end: as in Grain, those batch no elements (the default batch_fn raises "Cannot batch 0 values").
+    counts = np.maximum(np.minimum(self._batch_size, self._parent_len - starts), 0).astype(np.int64)
+    starts = join_index(epochs, self._parent_len, narrow_index(starts), room=self._batch_size)
     # All elements of all requested batches in one parent call.
     offsets = np.cumsum(counts) - counts
     flat = np.repeat(starts - offsets, counts) + np.arange(int(counts.sum()), dtype=np.int64)

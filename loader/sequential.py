@@ -446,6 +446,8 @@ class WithSeedIterDataset(SequentialIterDataset[T]):
 
   _spec_rule = "parent"
   _state_transparent = True
+  # Its iterator is the parent's, as in Grain: a Grain state resumes wherever the parent's does.
+  _same_as_grain = True
 
   def __init__(self, parent: IterDataset[T], seed: int):
     super().__init__(parent)

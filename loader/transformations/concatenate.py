@@ -13,6 +13,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from loader import checks
 from loader import map_dataset as map_lib
 from loader.transformations import select as select_lib
 from loader.transforms import DatasetSelectionMap
@@ -37,7 +38,7 @@ class ConcatSelectionMap(DatasetSelectionMap):
 
   def select_many(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not self._len:
-      raise IndexError("Cannot read from a concatenation of empty datasets.")
+      raise checks.EmptyDatasetError("Cannot read from a concatenation of empty datasets.")
     epochs, pos = map_lib.divmod_index(np.asarray(indices), self._len)
     # side="right" skips empty inputs: their start equals the next one's.
     dataset_indices = np.searchsorted(self._starts, pos, side="right") - 1

@@ -96,7 +96,7 @@ def _flatten(datasets: Any, weights: Any, what: str) -> tuple[tuple[str, ...] | 
       raise TypeError(f"{what}: weights must be a list, array or dict of numbers, got {weights!r}.")
     weights = weights.tolist() if isinstance(weights, np.ndarray) else list(weights)
     if len(weights) != len(flat):
-      raise ValueError(f"{what}: got {len(weights)} weights for {len(flat)} datasets.")
+      raise checks.WeightsCountError(f"{what}: got {len(weights)} weights for {len(flat)} datasets.")
     weights = [_check_weight(w, f"weights[{names[i] if names else i}]") for i, w in enumerate(weights)]
   return names, flat, weights
 

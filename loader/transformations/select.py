@@ -17,6 +17,7 @@ built-in maps define them (the next epoch), a user's map may refuse them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import operator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -32,7 +33,12 @@ def _select_one_by_one(selection_map: Any, indices: np.ndarray) -> tuple[np.ndar
   if not pairs:
     return np.zeros(0, np.int64), np.zeros(0, np.int64)
   try:
-    dataset_indices, keys = (np.asarray(v, dtype=np.int64) for v in zip(*pairs))
+    dataset_indices, keys = zip(*pairs)
+    dataset_indices = np.asarray(dataset_indices, dtype=np.int64)
+    try:
+      keys = np.asarray(keys, dtype=np.int64)
+    except OverflowError:  # Keys past int64 (an infinite input's epochs): Python ints, as Grain passes them on.
+      keys = map_lib.narrow_index(np.array([operator.index(k) for k in keys], dtype=object))
   except (TypeError, ValueError) as e:
     raise TypeError(f"A selection map must return (dataset index, index) pairs of ints "
                     f"(got {pairs[0]!r} from {selection_map!r}).") from e

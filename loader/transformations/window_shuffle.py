@@ -85,7 +85,7 @@ class WindowShuffleMapDataset(map_lib.MapDataset[T]):
       return []
     n, ws = self._parent_len, self._window_size
     if not n:
-      raise IndexError(f"Cannot read from an empty dataset: {self!r}")
+      raise checks.EmptyDatasetError(f"Cannot read from an empty dataset: {self!r}")
     if n >= 2**62:  # Infinite: one epoch of consecutive windows, as in Grain.
       epochs, pos = np.zeros_like(indices), indices
     else:
