@@ -173,17 +173,20 @@ def _parse_or_raise(record: bytes) -> int:
   return i
 
 
-def _outcomes(it, n):
+def _outcomes(it, n, caught=None):
+  """The first n elements of `it`, each error of `caught` (type -> its fields as a tuple) in its place."""
+  caught = caught or {
+      BadRecordError: lambda e: ("bad", e.path, e.index, str(e)),
+      HoldsALockError: lambda e: ("lock", e.record, str(e)),
+  }
   out = []
   for _ in range(n):
     try:
       out.append(next(it))
     except StopIteration:
       break
-    except BadRecordError as e:
-      out.append(("bad", e.path, e.index, str(e)))
-    except HoldsALockError as e:
-      out.append(("lock", e.record, str(e)))
+    except tuple(caught) as e:
+      out.append(next(f for t, f in caught.items() if isinstance(e, t))(e))
   return out
 
 
@@ -231,17 +234,10 @@ def _raise_odd_errors(x: int) -> int:
 
 
 def _odd_outcomes(it, n):
-  out = []
-  for _ in range(n):
-    try:
-      out.append(next(it))
-    except StopIteration:
-      break
-    except ShardMissingError as e:
-      out.append(("missing", e.errno, e.strerror, e.filename, str(e)))
-    except SlottedError as e:
-      out.append(("slotted", e.path, str(e)))
-  return out
+  return _outcomes(it, n, {
+      ShardMissingError: lambda e: ("missing", e.errno, e.strerror, e.filename, str(e)),
+      SlottedError: lambda e: ("slotted", e.path, str(e)),
+  })
 
 
 def test_a_workers_oserror_subclass_and_slotted_exception_come_back_whole():
