@@ -853,7 +853,9 @@ class _WorkerPool:
     if self.closed:  # close() in another thread stopped the workers under this wait.
       raise _closed_while_waiting()
     proc = self.procs[w]
-    proc.join(0.1)
+    # Its pipe closes before the OS reaps it: under load that takes more than a moment.
+    proc.join(2.0)
+    code = f"exit code {proc.exitcode}" if proc.exitcode is not None else "no exit code yet (still exiting)"
     if self._tasks[w]:  # What the user's code was given: where to look (a map that crashes there?).
       leaf, _, _, start, stop = self._tasks[w][0]
       what = f"before returning positions {start}..{stop - 1} of {self.leaves[leaf]!r}"
@@ -861,7 +863,7 @@ class _WorkerPool:
       what = f"while computing {self.leaves[0]!r}"
     if not self._started(w):  # Not the map, then: say where else to look.
       raise WorkerError(
-          f"Worker {w} (pid {proc.pid}) exited unexpectedly with exit code {proc.exitcode} "
+          f"Worker {w} (pid {proc.pid}) exited unexpectedly with {code} "
           f"{what if self._tasks[w] else ''}{', ' if self._tasks[w] else ''}while starting, before it computed "
           "anything: in the script's top level, which workers run first when it has an `if __name__ == "
           "\"__main__\":` guard (skip it with MultiprocessingOptions(workers_run_main=False)), or in "
@@ -869,8 +871,7 @@ class _WorkerPool:
           "that killed it (-9: SIGKILL, often the out-of-memory killer). This iterator cannot go on; fix what "
           "stopped the worker, then restore its get_state() into a new iterator.")
     raise WorkerError(
-        f"Worker {w} (pid {proc.pid}) exited unexpectedly with exit code "
-        f"{proc.exitcode} {what}. A negative code is the "
+        f"Worker {w} (pid {proc.pid}) exited unexpectedly with {code} {what}. A negative code is the "
         "signal that killed it (-9: SIGKILL, often the out-of-memory killer). This iterator cannot go on; "
         "to resume after the last element it gave, restore its get_state() into a new iterator.")
 
