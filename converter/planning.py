@@ -112,6 +112,13 @@ def _no_files_hint(pattern: str, query: str) -> str | None:
     return (f"{pattern} is a conversion's {MANIFEST_NAME}, not a TFRecord file: a shell that expands an "
             "unquoted --input DIR/* passes it (and any outputs there) as inputs; quote the pattern "
             "(--input 'DIR/*')")
+  head = pattern.split("/")[0]
+  if split_uri(query)[0] == "" and head.startswith("~") and not os.path.lexists(head):
+    home = os.path.expanduser(pattern)
+    instead = f"write the path out ({home!r})" if home != pattern else "write the path out"
+    rest = pattern[len(head) + 1:]
+    outside = f", or keep the ~ outside the quotes (--input {head}/'{rest}')" if rest else ""
+    return f"It starts with {head!r}, which only a shell expands, and not inside quotes: {instead}{outside}"
   if split_uri(query)[0] == "" and glob.has_magic(query):
     parts = query.split("/")
     folder = "/".join(parts[:next(i for i, part in enumerate(parts) if glob.has_magic(part))]) or "/"

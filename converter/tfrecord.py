@@ -456,7 +456,14 @@ class TFRecordReader:
     if self.on_corrupt == "fail":
       if bad_offset == 0 and not _header_candidates(buf, 1):
         raise self._not_tfrecord(buf, f"no valid record header in its first {len(buf):,} bytes")
-      raise self._corrupt(bad_offset, "length checksum mismatch (damaged record header)")
+      reason = "length checksum mismatch (damaged record header)"
+      if not bytes(buf[pos:]).strip(b"\0") and self.stats.records and self.detected_compression in (None, "none"):
+        # Zeros where records should go: a download or copy cut short into a preallocated file, or a crash
+        # before the data reached the disk. Skipping finds nothing after them; cutting them off keeps the rest.
+        reason += (f"; zero bytes follow (a download or copy cut short, or a crash before the data was "
+                   f"written?); the {self.stats.records} record(s) before byte offset {bad_offset} are intact: "
+                   f"to convert just those, cut the file there (truncate -s {bad_offset} FILE) and rerun")
+      raise self._corrupt(bad_offset, reason)
     self._note_loss(bad_offset)
     data, start, lo = buf[pos + 1:], base + pos + 1, 0  # Offsets below lo in data are ruled out.
     while True:

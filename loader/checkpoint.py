@@ -110,9 +110,20 @@ _PEEK_BYTES = 1 << 16
 
 def _check_replaceable(path: str) -> None:
   """Refuses to replace what is not an earlier loader state (model weights, a device, a folder)."""
+  head = path.split(os.sep)[0]
+  if head.startswith("~") and not os.path.lexists(head):
+    # Taken as it is, it would make a folder named '~' in the current one (and a later `rm -rf ~` for it...).
+    raise FileNotFoundError(errno.ENOENT, f"Cannot save the iterator state to {path}: {head!r} is not expanded to a "
+                                          "home folder here (only a shell does that); pass "
+                                          f"os.path.expanduser({path!r}), i.e. {os.path.expanduser(path)!r}", path)
   try:
     st = os.lstat(path)
   except (FileNotFoundError, NotADirectoryError):
+    if not path or path.endswith(os.sep):
+      # A folder that does not exist yet: the save would fail at the rename, blaming a file in the path.
+      raise IsADirectoryError(errno.EISDIR, f"Cannot save the iterator state to {path!r}: it names a folder, not "
+                                            "a file; give a file path, e.g. "
+                                            f"{os.path.join(path or os.curdir, 'iterator_state.json')}", path) from None
     return
   except OSError:
     return  # The save itself will say what is wrong with the path.
@@ -162,6 +173,10 @@ def load_state(path: str | os.PathLike) -> Any:
   except ondisk.SpecialFileError as e:
     raise ValueError(f"{e}: pass the file save_state wrote.") from None
   except FileNotFoundError as e:
+    head = path.split(os.sep)[0]
+    if head.startswith("~") and not os.path.lexists(head):
+      raise FileNotFoundError(e.errno, f"No iterator state at {path}: {head!r} is not expanded to a home folder "
+                                       f"here (only a shell does that); pass os.path.expanduser({path!r})") from None
     raise FileNotFoundError(e.errno, f"No iterator state at {path}: check the path, or start from the "
                                      "beginning (a fresh iterator)") from None
   except IsADirectoryError as e:

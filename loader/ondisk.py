@@ -146,6 +146,12 @@ def file_problem(path: str) -> FileProblem | None:
   except OSError as e:  # A link loop, a folder above it without search permission.
     if e.errno == errno.ELOOP:
       return FileProblem("is a symbolic link that leads back to itself (a loop)", "fix or remove the link", "unreadable")
+    if e.errno == errno.ENOTDIR:  # Not a permission problem: the path goes on after a file's name.
+      head = path.rstrip(os.sep)
+      while os.path.dirname(head) not in ("", head) and not os.path.isfile(head):
+        head = os.path.dirname(head)
+      return FileProblem(f"cannot be opened: {head} is a file, not a folder", "check the path (a '/' after a file's "
+                         "name?)", "unreadable")
     return FileProblem(f"cannot be opened ({e.strerror})", "check its permissions and those of its folders",
                        "unreadable")
   if stat.S_ISDIR(mode):

@@ -24,6 +24,7 @@ import struct
 import threading
 import time
 import warnings
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, SupportsIndex, TypeVar, runtime_checkable
 
@@ -139,6 +140,7 @@ def _describe_non_array_record(path: str) -> str:
     size = os.path.getsize(path)
     with open(path, "rb") as f:
       head = f.read(16)
+      packed = f.read(1 << 12) if head[:2] == b"\x1f\x8b" else b""
   except OSError as e:
     return f"it cannot be read ({e})"
   if size == 0:
@@ -147,6 +149,14 @@ def _describe_non_array_record(path: str) -> str:
     return (f"it starts like one but its end cannot be read ({size} bytes): probably truncated "
             "(an interrupted copy or download) or damaged; copy or convert it again")
   if head[:2] == b"\x1f\x8b":
+    try:  # What was compressed tells what to do.
+      inner = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head + packed, 16)
+    except zlib.error:
+      inner = b""
+    if inner.startswith(ondisk.RIEGELI_SIGNATURE):
+      return f"it is a gzip-compressed ArrayRecord file: decompress it first (gunzip {path})"
+    if len(inner) >= 12 and _looks_like_tfrecord(inner):
+      return "it is a gzip-compressed TFRecord file; convert it first (`arrayrecord-convert` reads it as it is)"
     return "it is gzip-compressed (a compressed TFRecord file?)"
   if len(head) >= 12 and _looks_like_tfrecord(head):
     return ("it is a TFRecord file; convert it first (e.g. with "
@@ -189,9 +199,18 @@ def _check_file(path: str) -> None:
   if problem is None:
     return
   if problem.kind in ("missing", "broken link"):
-    link = f": it {problem.what}; {problem.fix}." if problem.kind == "broken link" else ""
+    link = f": it {problem.what}; {problem.fix}." if problem.kind == "broken link" else _tilde_hint(path)
     raise MissingFileError(f"ArrayRecord file not found: {path}{link}")
   raise NotArrayRecordError(f"{path} is not an ArrayRecord file: it {problem.what}; {problem.fix}.")
+
+
+def _tilde_hint(path: str) -> str:
+  """Advice for a missing path starting with '~', which Python (as Grain) takes literally."""
+  head = path.split(os.sep)[0]
+  if not head.startswith("~") or os.path.lexists(head):
+    return ""
+  return (f": {head!r} is not expanded to a home folder here (only a shell does that); pass "
+          f"os.path.expanduser({path!r}), i.e. {os.path.expanduser(path)!r}.")
 
 
 def _open_reader(path: str, options: str):
@@ -377,7 +396,7 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
     elif glob.has_magic(p):
       found = sorted(f for f in glob.glob(p) if os.path.isfile(f))
       if not found:
-        raise MissingFileError(f"No files match the pattern {p!r}.")
+        raise MissingFileError(f"No files match the pattern {p!r}{_tilde_hint(p) or '.'}")
       files.extend((f, None) for f in found)
     else:  # Missing, a broken link or a loop, a FIFO or device: one line saying which.
       _check_file(p)
@@ -581,7 +600,9 @@ class ArrayRecordSource:
     if expected is not None and n != expected:
       raise ValueError(
           f"{self._paths[file_index]} has {n} records but its manifest says "
-          f"{expected}; the manifest is stale or the file was replaced.")
+          f"{expected}; the manifest is stale or the file was replaced. Check the dataset with arrayrecord-verify, "
+          "then rerun the conversion with --skip-existing (delete this file first if verify fails it) to rewrite "
+          "the manifest.")
 
   @property
   def paths(self) -> list[str]:

@@ -266,6 +266,11 @@ def verify(patterns: Sequence[str], output_dir: str, compression: str = "auto",
 
   def check(io: tuple[str, str]) -> ShardCheck:
     inp, out = io
+    if manifest is not None and ondisk.absolute(out) not in listed and not _writer.exists(out):
+      return ShardCheck(input=inp, output=out, problem=(
+          f"output missing and not listed in {path}: this input was not converted into {output_dir} (an input "
+          "added since, or an --input that matches more than the conversion's?); convert it with "
+          "arrayrecord-convert --skip-existing, or leave it out of --input"))
     if manifest is not None and ondisk.absolute(out) not in listed:
       # Readers of the directory go by the manifest: this shard is not in the dataset.
       return ShardCheck(input=inp, output=out, problem=(
