@@ -174,6 +174,12 @@ def _get_path(struct: Any, path: tuple[str, ...]) -> Any:
   return struct
 
 
+def _tree_path(key: str) -> str:
+  """A packed (flat) key as the repr of JAX's key path to it, e.g. `(DictKey(key='inputs'),)`."""
+  parts = [f"DictKey(key={k!r})" for k in key.split(_NEST_SEP)]
+  return f"({parts[0]},)" if len(parts) == 1 else f"({', '.join(parts)})"
+
+
 def _sorted_dicts(x: dict[str, Any]) -> dict[str, Any]:
   return {k: _sorted_dicts(x[k]) if isinstance(x[k], dict) else x[k] for k in sorted(x)}
 
@@ -242,11 +248,13 @@ class PackingWindow:
 
   def _too_long(self, lengths: list[int]) -> ValueError:
     spec = self._spec
-    bad = [(k, n, c) for k, n, c in zip(spec.keys, lengths, spec.capacities) if n > c]
-    who = "packer" if spec.best_fit else "PackedBatch"  # Grain's words, which client code matches.
+    # Grain's message word for word (client code matches or logs it): each
+    # feature as the tree path Grain's pytree flattening gives it.
+    bad = ", ".join(f"({_tree_path(k)}, {n}, {c})" for k, n, c in zip(spec.keys, lengths, spec.capacities) if n > c)
+    who = "packer" if spec.best_fit else "PackedBatch"
     return ValueError(
-        f"Inputs to {who} must be truncated to max length. Exceeds: (feature, length, "
-        f"length_struct value) = {bad}. Truncate elements in a map() before packing.")
+        f"Inputs to {who} must be truncated to max length. Exceeds: (feature_path, feature_length, "
+        f"max_length) = [{bad}]")
 
   def _find_row_scan(self, lengths: list[int]) -> int:
     """The row for an element (Grain's rule), or -1; a Python scan over the bins."""
