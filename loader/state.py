@@ -252,7 +252,9 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
         f"(it reads versions {_TEXT_VERSION} and {VERSION}); restart the iterator or use the loader version "
         "that wrote it.")
   if version == VERSION or not isinstance(saved, list) or not all(isinstance(s, str) for s in saved):
-    raise StateMismatchError(f"{owner}.set_state: the state's {PIPELINE_KEY!r} entry is damaged: {saved!r:.200}")
+    raise StateMismatchError(
+        f"{owner}.set_state: the state's {PIPELINE_KEY!r} entry is damaged: {saved!r:.200}; it was edited or "
+        "written by other code: restore a state exactly as get_state() returned it, or start the iterator afresh.")
   _check_text(saved, list(description), owner)
 
 

@@ -253,3 +253,16 @@ def test_header_scan_over_zero_runs_finds_exactly_the_valid_headers():
   assert len(want) >= 4
   for lo in (0, 1, want[1], want[1] + 1, len(data) - 12):
     assert tfrecord._header_candidates(data, lo) == [i for i in want if i >= lo]  # pylint: disable=protected-access
+
+
+def test_a_damaged_pipeline_entry_says_what_to_do():
+  ds = loader.MapDataset.range(10).shuffle(seed=1).to_iter_dataset()
+  it = iter(ds)
+  next(it)
+  state = it.get_state()
+  state["pipeline"] = [1.5]
+  with pytest.raises(loader.state.StateMismatchError) as e:
+    iter(ds).set_state(state)
+  ft.one_line(str(e.value))
+  assert "'pipeline' entry is damaged: [1.5]" in str(e.value)
+  assert "restore a state exactly as get_state() returned it" in str(e.value)
