@@ -90,6 +90,11 @@ class EmptyDatasetError(IndexError, ZeroDivisionError):
   """
 
 
+class IndexTypeError(TypeError, AttributeError):
+  """A record index that is not an integer (`source[1.5]`): a TypeError, and the AttributeError
+  Grain 0.2.18's ArrayRecordDataSource raises there (it calls `index.__index__()`)."""
+
+
 class WeightsCountError(ValueError, AssertionError):
   """`mix` weights whose count is not the datasets': a ValueError, and Grain 0.2.18's AssertionError."""
 

@@ -30,6 +30,7 @@ from typing import Any, Protocol, SupportsIndex, TypeVar, runtime_checkable
 
 import numpy as np
 
+from loader import checks
 from loader import ondisk
 from loader.ondisk import MANIFEST_NAME
 
@@ -777,7 +778,12 @@ class ArrayRecordSource:
   _getitems = __getitems__
 
   def __getitem__(self, index: SupportsIndex) -> bytes:
-    i = index.__index__()
+    try:
+      i = index.__index__()
+    except AttributeError:
+      raise checks.IndexTypeError(
+          f"Record indices are integers; got {index!r} ({type(index).__name__}): pass int(...) of it, or read "
+          "several records with source.read([...]).") from None
     if not -self._len <= i < self._len:
       raise IndexError(f"Record index {i} out of range for a source of {self._len} records.")
     return self.read([i])[0]

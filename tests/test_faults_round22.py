@@ -266,3 +266,20 @@ def test_a_damaged_pipeline_entry_says_what_to_do():
   ft.one_line(str(e.value))
   assert "'pipeline' entry is damaged: [1.5]" in str(e.value)
   assert "restore a state exactly as get_state() returned it" in str(e.value)
+
+
+def test_a_non_integer_record_index_is_grains_attribute_error_and_a_type_error(tmp_path):
+  # Grain 0.2.18 (and loader before) said only "'float' object has no attribute '__index__'".
+  import grain  # pylint: disable=g-import-not-at-top
+  from loader_testing import write_array_records  # pylint: disable=g-import-not-at-top
+
+  paths = write_array_records(tmp_path, 1, 5)
+  theirs, ours = grain.sources.ArrayRecordDataSource(paths), loader.ArrayRecordSource(paths)
+  for bad in (1.5, "1", None):
+    with pytest.raises(AttributeError):
+      theirs[bad]  # pylint: disable=pointless-statement
+    with pytest.raises(AttributeError) as e:
+      ours[bad]  # pylint: disable=pointless-statement
+    assert isinstance(e.value, TypeError)
+    assert f"Record indices are integers; got {bad!r}" in ft.one_line(str(e.value))
+  assert ours[True] == theirs[True]
