@@ -112,8 +112,8 @@ def _no_files_hint(pattern: str, query: str) -> str | None:
     return (f"{pattern} is a conversion's {MANIFEST_NAME}, not a TFRecord file: a shell that expands an "
             "unquoted --input DIR/* passes it (and any outputs there) as inputs; quote the pattern "
             "(--input 'DIR/*')")
-  head = pattern.split("/")[0]
-  if split_uri(query)[0] == "" and head.startswith("~") and not os.path.lexists(head):
+  head = ondisk.unexpanded_home(pattern) if split_uri(query)[0] == "" else None
+  if head is not None:
     home = os.path.expanduser(pattern)
     instead = f"write the path out ({home!r})" if home != pattern else "write the path out"
     rest = pattern[len(head) + 1:]

@@ -457,7 +457,8 @@ class TFRecordReader:
       if bad_offset == 0 and not _header_candidates(buf, 1):
         raise self._not_tfrecord(buf, f"no valid record header in its first {len(buf):,} bytes")
       reason = "length checksum mismatch (damaged record header)"
-      if not bytes(buf[pos:]).strip(b"\0") and self.stats.records and self.detected_compression in (None, "none"):
+      if (self.stats.records and self.detected_compression in (None, "none") and not bytes(buf[pos:]).strip(b"\0")
+          and (eof or not any(bytes(c).strip(b"\0") for c in chunks))):  # Zeros to the file's end, not a hole.
         # Zeros where records should go: a download or copy cut short into a preallocated file, or a crash
         # before the data reached the disk. Skipping finds nothing after them; cutting them off keeps the rest.
         reason += (f"; zero bytes follow (a download or copy cut short, or a crash before the data was "

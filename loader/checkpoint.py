@@ -110,15 +110,17 @@ _PEEK_BYTES = 1 << 16
 
 def _check_replaceable(path: str) -> None:
   """Refuses to replace what is not an earlier loader state (model weights, a device, a folder)."""
-  head = path.split(os.sep)[0]
-  if head.startswith("~") and not os.path.lexists(head):
+  head = ondisk.unexpanded_home(path)
+  if head is not None:
     # Taken as it is, it would make a folder named '~' in the current one (and a later `rm -rf ~` for it...).
     raise FileNotFoundError(errno.ENOENT, f"Cannot save the iterator state to {path}: {head!r} is not expanded to a "
                                           "home folder here (only a shell does that); pass "
                                           f"os.path.expanduser({path!r}), i.e. {os.path.expanduser(path)!r}", path)
   try:
     st = os.lstat(path)
-  except (FileNotFoundError, NotADirectoryError):
+  except NotADirectoryError:
+    return  # The save itself names the part of the path that is not a folder.
+  except FileNotFoundError:
     if not path or path.endswith(os.sep):
       # A folder that does not exist yet: the save would fail at the rename, blaming a file in the path.
       raise IsADirectoryError(errno.EISDIR, f"Cannot save the iterator state to {path!r}: it names a folder, not "
@@ -173,8 +175,8 @@ def load_state(path: str | os.PathLike) -> Any:
   except ondisk.SpecialFileError as e:
     raise ValueError(f"{e}: pass the file save_state wrote.") from None
   except FileNotFoundError as e:
-    head = path.split(os.sep)[0]
-    if head.startswith("~") and not os.path.lexists(head):
+    head = ondisk.unexpanded_home(path)
+    if head is not None:
       raise FileNotFoundError(e.errno, f"No iterator state at {path}: {head!r} is not expanded to a home folder "
                                        f"here (only a shell does that); pass os.path.expanduser({path!r})") from None
     raise FileNotFoundError(e.errno, f"No iterator state at {path}: check the path, or start from the "

@@ -95,6 +95,15 @@ class IndexTypeError(TypeError, AttributeError):
   Grain 0.2.18's ArrayRecordDataSource raises there (it calls `index.__index__()`)."""
 
 
+def record_index(key: Any) -> int:
+  """`key.__index__()` as Grain's sources take it; an IndexTypeError naming a non-integer key."""
+  try:
+    return key.__index__()
+  except AttributeError:
+    raise IndexTypeError(f"Record indices are integers; got {key!r} ({type(key).__name__}): pass int(...) of it, "
+                         "or read several records with __getitems__([...]).") from None
+
+
 class WeightsCountError(ValueError, AssertionError):
   """`mix` weights whose count is not the datasets': a ValueError, and Grain 0.2.18's AssertionError."""
 

@@ -130,6 +130,15 @@ class FileProblem:
   kind: str  # "missing", "broken link", "unreadable" (a link loop too), "directory" or "special".
 
 
+def unexpanded_home(path: str | bytes) -> str | None:
+  """The leading `~` or `~user` of `path` when only a shell would have expanded it (it names a home folder
+  and nothing of that name exists here), else None. Python, Grain and Beam take such a path literally."""
+  head = os.fsdecode(path).split(os.sep)[0]
+  if head.startswith("~") and os.path.expanduser(head) != head and not os.path.lexists(head):
+    return head
+  return None
+
+
 def file_problem(path: str) -> FileProblem | None:
   """None if `path` is a regular file or a link to one; else what is wrong and what to do.
 
@@ -148,10 +157,11 @@ def file_problem(path: str) -> FileProblem | None:
       return FileProblem("is a symbolic link that leads back to itself (a loop)", "fix or remove the link", "unreadable")
     if e.errno == errno.ENOTDIR:  # Not a permission problem: the path goes on after a file's name.
       head = path.rstrip(os.sep)
-      while os.path.dirname(head) not in ("", head) and not os.path.isfile(head):
+      while os.path.dirname(head) not in ("", head) and not (os.path.lexists(head) and not os.path.isdir(head)):
         head = os.path.dirname(head)
-      return FileProblem(f"cannot be opened: {head} is a file, not a folder", "check the path (a '/' after a file's "
-                         "name?)", "unreadable")
+      kind = "a file, not a folder" if os.path.isfile(head) else "not a folder"
+      return FileProblem(f"cannot be opened: {head} is {kind}", "check the path (a '/' after a file's name?)",
+                         "unreadable")
     return FileProblem(f"cannot be opened ({e.strerror})", "check its permissions and those of its folders",
                        "unreadable")
   if stat.S_ISDIR(mode):

@@ -20,6 +20,7 @@ import hashlib
 import os
 import re
 import resource
+import shlex
 import struct
 import threading
 import time
@@ -155,7 +156,9 @@ def _describe_non_array_record(path: str) -> str:
     except zlib.error:
       inner = b""
     if inner.startswith(ondisk.RIEGELI_SIGNATURE):
-      return f"it is a gzip-compressed ArrayRecord file: decompress it first (gunzip {path})"
+      q, tmp = shlex.quote(path), shlex.quote(path + ".tmp")
+      how = f"gunzip {q}" if path.endswith(".gz") else f"gunzip -c {q} > {tmp} && mv {tmp} {q}"  # gunzip wants .gz.
+      return f"it is a gzip-compressed ArrayRecord file: decompress it first ({how})"
     if len(inner) >= 12 and _looks_like_tfrecord(inner):
       return "it is a gzip-compressed TFRecord file; convert it first (`arrayrecord-convert` reads it as it is)"
     return "it is gzip-compressed (a compressed TFRecord file?)"
@@ -207,8 +210,8 @@ def _check_file(path: str) -> None:
 
 def _tilde_hint(path: str) -> str:
   """Advice for a missing path starting with '~', which Python (as Grain) takes literally."""
-  head = path.split(os.sep)[0]
-  if not head.startswith("~") or os.path.lexists(head):
+  head = ondisk.unexpanded_home(path)
+  if head is None:
     return ""
   return (f": {head!r} is not expanded to a home folder here (only a shell does that); pass "
           f"os.path.expanduser({path!r}), i.e. {os.path.expanduser(path)!r}.")
@@ -778,12 +781,7 @@ class ArrayRecordSource:
   _getitems = __getitems__
 
   def __getitem__(self, index: SupportsIndex) -> bytes:
-    try:
-      i = index.__index__()
-    except AttributeError:
-      raise checks.IndexTypeError(
-          f"Record indices are integers; got {index!r} ({type(index).__name__}): pass int(...) of it, or read "
-          "several records with source.read([...]).") from None
+    i = checks.record_index(index)
     if not -self._len <= i < self._len:
       raise IndexError(f"Record index {i} out of range for a source of {self._len} records.")
     return self.read([i])[0]

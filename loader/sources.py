@@ -28,6 +28,7 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
+from loader import checks
 from loader import source as source_lib
 from loader.source import RandomAccessDataSource
 
@@ -172,7 +173,7 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
     return super().read(idx + self._ranges["offsets"][entry])
 
   def __getitem__(self, record_key: SupportsIndex) -> bytes:  # Grain's parameter name.
-    i = record_key.__index__()
+    i = checks.record_index(record_key)
     if not 0 <= i < len(self):  # Grain's rule: no negative keys.
       raise RecordKeyError(f"Record key should be in [0, num_records): got {i} for a source of "
                            f"{len(self)} records.")
@@ -204,7 +205,7 @@ class RangeDataSource:
     return self._len
 
   def __getitem__(self, record_key: SupportsIndex) -> int:
-    i = record_key.__index__()
+    i = checks.record_index(record_key)
     if not 0 <= i < self._len:  # Grain's rule: no negative keys.
       raise IndexError(f"Index {i} out of range for {self._len} (a RangeDataSource).")
     return self._start + i * self._step

@@ -271,15 +271,88 @@ def test_a_damaged_pipeline_entry_says_what_to_do():
 def test_a_non_integer_record_index_is_grains_attribute_error_and_a_type_error(tmp_path):
   # Grain 0.2.18 (and loader before) said only "'float' object has no attribute '__index__'".
   import grain  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
   from loader_testing import write_array_records  # pylint: disable=g-import-not-at-top
 
   paths = write_array_records(tmp_path, 1, 5)
-  theirs, ours = grain.sources.ArrayRecordDataSource(paths), loader.ArrayRecordSource(paths)
-  for bad in (1.5, "1", None):
-    with pytest.raises(AttributeError):
-      theirs[bad]  # pylint: disable=pointless-statement
-    with pytest.raises(AttributeError) as e:
-      ours[bad]  # pylint: disable=pointless-statement
-    assert isinstance(e.value, TypeError)
-    assert f"Record indices are integers; got {bad!r}" in ft.one_line(str(e.value))
-  assert ours[True] == theirs[True]
+  pairs = [(grain.sources.ArrayRecordDataSource(paths), loader.sources.ArrayRecordDataSource(paths)),
+           (grain.sources.ArrayRecordDataSource(paths), loader.ArrayRecordSource(paths)),
+           (grain.sources.RangeDataSource(0, 5, 1), loader.sources.RangeDataSource(0, 5, 1))]
+  for theirs, ours in pairs:
+    for bad in (1.5, "1", None):
+      with pytest.raises(AttributeError):
+        theirs[bad]  # pylint: disable=pointless-statement
+      with pytest.raises(AttributeError) as e:
+        ours[bad]  # pylint: disable=pointless-statement
+      assert isinstance(e.value, TypeError)
+      assert f"Record indices are integers; got {bad!r}" in ft.one_line(str(e.value))
+    assert ours[True] == theirs[True] and ours[np.int64(2)] == theirs[np.int64(2)]
+
+
+def test_review_tilde_names_that_no_shell_expands_are_paths_as_any_other(tmp_path, monkeypatch):
+  # '~backup_state.json' (no home of that name) was refused as an unexpanded '~'.
+  monkeypatch.chdir(tmp_path)
+  it = iter(loader.MapDataset.range(3).to_iter_dataset())
+  next(it)
+  loader.save_state("~backup_state.json", it)
+  restored = iter(loader.MapDataset.range(3).to_iter_dataset())
+  loader.restore_state("~backup_state.json", restored)
+  assert next(restored) == 1
+  with pytest.raises(FileNotFoundError) as e:
+    loader.restore_state("~nosuchuser/state.json", iter(loader.MapDataset.range(3).to_iter_dataset()))
+  assert "home folder" not in str(e.value)
+  with pytest.raises(FileNotFoundError) as e:
+    loader.checkpoint.load_state(b"/nonexistent/state.json")  # A bytes path: was a TypeError.
+  assert "No iterator state at" in str(e.value)
+  from converter import planning  # pylint: disable=g-import-not-at-top
+  for pattern in ("~draft*.tfrecord", "~nosuchuser/data/*"):
+    with pytest.raises(Exception) as e:
+      planning.match_pattern(pattern)
+    assert "only a shell expands" not in str(e.value)
+
+
+def test_review_saving_under_a_file_name_ending_in_a_slash_says_it_is_a_file(tmp_path):
+  it = iter(loader.MapDataset.range(3).to_iter_dataset())
+  next(it)
+  (tmp_path / "state.json").write_text("{}")
+  with pytest.raises(OSError) as e:
+    loader.save_state(str(tmp_path / "state.json") + "/", it)
+  assert "names a folder" not in str(e.value)
+  assert (tmp_path / "state.json").read_text() == "{}"
+
+
+def test_review_a_hole_of_zeros_with_records_after_it_gets_no_truncate_advice(tmp_path):
+  # The zeros reached the end of one 4 MiB read; 1,000 records followed them, which the truncate lost.
+  raw = tmp_path / "raw"
+  records = [bytes([i % 251]) * 65520 for i in range(64)]
+  records[-1] = records[-1][:-1000]  # The records end 1,000 bytes before the 4 MiB read boundary.
+  path = ft.write_tfrecords(raw / "a.tfrecord", records)
+  after = ft.write_tfrecords(tmp_path / "b.tfrecord", [b"after%d" % i for i in range(1000)])
+  with open(path, "ab") as f:
+    f.write(bytes(4096) + open(after, "rb").read())
+  r = _convert(path, str(tmp_path / "out"))
+  assert r.returncode == 1
+  line = ft.one_line(r.stderr)
+  assert "record 64 at byte offset" in line and "zero bytes follow" not in line and "truncate" not in line
+  r = _convert(path, str(tmp_path / "out2"), "--on-corrupt", "skip")
+  assert r.returncode == 0, r.stderr
+  manifest = json.loads((tmp_path / "out2" / "manifest.json").read_text())
+  assert manifest["shards"][0]["records"] == 1064
+
+
+def test_review_a_gzipped_array_record_file_without_gz_gets_a_command_that_works(tmp_path):
+  raw = tmp_path / "raw"
+  ft.make_dataset(str(raw), 1, 3, 16)
+  out = tmp_path / "ar"
+  assert _convert(str(raw / "*"), str(out)).returncode == 0
+  shard = out / "ds.array_record-00000-of-00001"
+  packed = tmp_path / "it's here" / "ds.array_record-00000-of-00001"  # Compressed under its own name.
+  packed.parent.mkdir()
+  packed.write_bytes(gzip.compress(shard.read_bytes()))
+  with pytest.raises(loader.source.NotArrayRecordError) as e:
+    loader.ArrayRecordSource(str(packed))
+  command = ft.one_line(str(e.value)).split("decompress it first (", 1)[1].split(")", 1)[0]
+  assert command.startswith("gunzip -c ")
+  subprocess.run(["bash", "-c", command], check=True)
+  assert len(loader.ArrayRecordSource(str(packed))) == 3
+  assert os.listdir(packed.parent) == [packed.name]
