@@ -285,6 +285,11 @@ def _prefetch_loop(parent: DatasetIterator, out: queue.Queue, stop: threading.Ev
 class _ThreadPrefetchIterator(DatasetIterator[T]):
   """Pulls from the parent in a background thread; state = after last handed out."""
 
+  @property
+  def _grain_state_keys(self) -> tuple[str, ...]:
+    # The state is the parent's (as Grain's), so a Grain state has the parent's keys.
+    return getattr(self._parent, "_grain_state_keys", ("next_index",))
+
   def __init__(self, parent: DatasetIterator, buffer_size: int):
     super().__init__(parent)
     self._buffer_size = buffer_size

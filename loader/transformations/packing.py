@@ -135,6 +135,10 @@ class _PackIterator(iter_dataset.DatasetIterator):
         element = self._nesting.flatten(element)
       if self._filling is None:
         self._filling = packing_utils.PackingWindow(self._spec, element, self._cache)
+        if self._rows_before:
+          # A window after the first, restored: the run that saved the state renewed the anchor after this
+          # element (its rollover), so do the same; the states that follow are then that run's.
+          self._anchor, self._pulled = state_lib.strip(parent.get_state()), 0
       if not self._filling.try_add(element):
         start = (self._anchor, self._pulled - 1)  # The next window starts with `element`.
         self._anchor, self._pulled = state_lib.strip(parent.get_state()), 0

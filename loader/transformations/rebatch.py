@@ -44,8 +44,9 @@ def _unflatten(structure: Any, leaves: Any) -> Any:
   """`structure` with its leaves replaced, in `_flatten` order, from the iterator `leaves`."""
   if isinstance(structure, Mapping):
     values = {k: _unflatten(structure[k], leaves) for k in _sorted_keys(structure)}
-    ordered = {k: values[k] for k in structure}
-    return ordered if type(structure) is dict else type(structure)(ordered)
+    if type(structure) is dict:
+      return values  # Keys sorted, as Grain's JAX tree unflatten rebuilds a dict.
+    return type(structure)({k: values[k] for k in structure})
   if isinstance(structure, (list, tuple)):
     items = [_unflatten(v, leaves) for v in structure]
     if isinstance(structure, tuple) and hasattr(structure, "_fields"):
