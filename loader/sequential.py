@@ -318,6 +318,9 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
       self._thread = None
 
   def __next__(self) -> T:
+    # Grain's ValueError after close(), whatever the parent (Grain's restarts
+    # its thread there: a custom parent that does not check would go on).
+    self._assert_not_closed()
     if self._done:
       raise StopIteration
     if self._thread is None:
