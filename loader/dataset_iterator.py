@@ -134,6 +134,11 @@ def _shared_context(parents: Sequence[DatasetIterator]) -> dataset_options.Itera
   return ctx
 
 
+def _close_when_collected(self) -> None:
+  if "_closed" in self.__dict__:  # Its __init__ ran (a failed one leaves nothing to close).
+    self.close()
+
+
 class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
   """Iterator with checkpointable state, like Grain's `DatasetIterator`.
 
@@ -150,6 +155,9 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
       fn = cls.__dict__.get(name)
       if fn is not None and not getattr(fn, "_loader_wrapped", False):
         setattr(cls, name, wrap(fn))
+    if "close" in cls.__dict__ and "__del__" not in cls.__dict__ and not cls.__module__.startswith("loader."):
+      # Grain's iterators call close() when collected, so a user's own close() (files, clients) runs then too.
+      cls.__del__ = _close_when_collected
 
   def __init__(self, parents: DatasetIterator | Sequence[DatasetIterator] | None = None):
     if parents is None:

@@ -1224,3 +1224,62 @@ def test_maha_map_dataset_subclass_reseeded_repeat_jax_batches_as_on_grain():
   assert len(g["batches"]) == 2 and g["batches_error"].startswith("Expected all input elements to have the same")
   assert g["bad"] == ["batch_size must be positive, got 0", "num_epochs must be positive, got 0"]
   assert g["empty"] == "No sequences provided to Grain dataset"
+
+
+# The source-adapter module's replaying iterator releases its generator in
+# close(); Grain's iterators call close() when garbage-collected, so an
+# iterator dropped without close() still releases it (loader did not).
+CLOSE_WHEN_COLLECTED = """
+import gc
+import grain
+
+results = {"log": []}
+
+
+class Replaying(grain.DatasetIterator):
+
+  def __init__(self):
+    super().__init__()
+    self.i = 0
+
+  def __next__(self):
+    self._assert_not_closed()
+    self.i += 1
+    return self.i
+
+  def get_state(self):
+    return {"i": self.i}
+
+  def set_state(self, state):
+    self.i = state["i"]
+
+  def close(self):
+    results["log"].append(f"closed at {self.i}")
+    super().close()
+
+
+class Adapter(grain.IterDataset):
+
+  def __iter__(self):
+    return Replaying()
+
+
+it = iter(Adapter())
+next(it)
+next(it)
+del it
+gc.collect()
+results["after_drop"] = list(results["log"])
+it = iter(Adapter())
+next(it)
+it.close()
+del it
+gc.collect()
+"""
+
+
+def test_a_custom_iterators_close_runs_when_it_is_collected_as_on_grain():
+  g, l = porting.run_both_grain_keys(CLOSE_WHEN_COLLECTED)
+  assert l == g
+  assert g["after_drop"] == ["closed at 2"]
+  assert g["log"] == ["closed at 2", "closed at 1", "closed at 1"]  # Grain's close() runs again when collected.
