@@ -222,7 +222,11 @@ def fingerprint(description: Sequence[str]) -> list[int]:
   folded into to_iter_dataset() is fingerprinted as the batch after it
   (see `_unfold_batches`): the two name one stream.
   """
-  return [_hash(_SOURCE_IDENTITY.sub("", op), 31) << 32 | _hash(op, 32) for op in _unfold_batches(description)]
+  return _op_fingerprints(_unfold_batches(description))
+
+
+def _op_fingerprints(ops: Sequence[str]) -> list[int]:
+  return [_hash(_SOURCE_IDENTITY.sub("", op), 31) << 32 | _hash(op, 32) for op in ops]
 
 
 def strip(state: Any) -> Any:
@@ -264,7 +268,7 @@ _ON_PURPOSE = (" If the pipeline was changed on purpose, set_state(loader.state.
 
 def _check_fingerprint(saved: list[int], mine: list[str], owner: str) -> None:
   ops, ours = _unfold_batches(mine), fingerprint(mine)
-  if saved == ours:
+  if saved == ours or _same_but_for_folding(saved, ops):
     return
   for i, (a, b) in enumerate(zip(saved, ours)):
     if a != b:
@@ -328,6 +332,49 @@ def _unfold_batches(ops: Sequence[str]) -> list[str]:
     if i < j and product == int(unit.group(1)):
       out[i:j + 1] = ["to_iter_dataset()", *out[i:j]]
   return out
+
+
+# A map or filter right after to_iter_dataset() is folded into the MapDataset
+# before it (described before "to_iter_dataset()") unless an mp_prefetch comes
+# between them; either way it sees the same elements and the state holds the
+# same position (a map_with_index or random_map after mp_prefetch counts in its
+# own state, so they do not move), so the two descriptions name one stream.
+_IN_ORDER_OPS = ("map", "filter")
+# A batch of 1 folded into to_iter_dataset() leaves no unit to tell it by, and
+# gives the same elements and positions before it as after it.
+_BATCH_OF_ONE = re.compile(r"batch\(1, drop_remainder=(True|False)\)")
+_TO_ITER = re.compile(r"to_iter_dataset\(\)|to_iter_dataset\(unit=\d+\)")
+
+
+def _fold_in_order(ops: Sequence[str]) -> list[str]:
+  """`ops` with each to_iter_dataset() moved before the maps and filters right before it, batches unfolded."""
+  def move(ops: list[str]) -> list[str]:
+    out = list(ops)
+    for j, op in enumerate(out):
+      if _TO_ITER.fullmatch(op):
+        i = j
+        while i > 0 and (out[i - 1] in _IN_ORDER_OPS
+                         or op == "to_iter_dataset()" and _BATCH_OF_ONE.fullmatch(out[i - 1])):
+          i -= 1
+        out[i:j + 1] = [op, *out[i:j]]
+    return out
+
+  return move(_unfold_batches(move(list(ops))))
+
+
+def _same_but_for_folding(saved: list[int], ops: list[str]) -> bool:
+  """Whether `saved` fingerprints `ops` with its maps and filters folded elsewhere around to_iter_dataset()."""
+  units, sizes = {1}, [int(m.group(1)) for m in map(_BATCH_SIZE.match, ops) if m]
+  for i in range(len(sizes)):
+    product = 1
+    for size in sizes[i:]:
+      product *= size
+      units.add(product)
+  names = sorted({*ops, "to_iter_dataset()", *(f"to_iter_dataset(unit={u})" for u in units)})
+  by_hash = dict(zip(_op_fingerprints(names), names))
+  if not all(h in by_hash for h in saved):
+    return False
+  return _fold_in_order([by_hash[h] for h in saved]) == _fold_in_order(ops)
 
 
 def same_but_for_source_identity(saved: Any, mine: Any) -> bool:

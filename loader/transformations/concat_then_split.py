@@ -206,6 +206,8 @@ class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
       except StopIteration:
         raise ValueError(f"{owner}.set_state: the input ended before the position of {state!r}; "
                          "was it saved from a different pipeline or input?") from None
+      except Exception:  # pylint: disable=broad-except
+        features = None  # Failed, raised before the state was saved: consumed, and counted in `skip`.
       self._pulled += 1
     if has_remainder:
       self._remainder = _Piece((self._anchor, skip), features, slices)
@@ -322,6 +324,14 @@ class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
       except StopIteration:
         self._exhausted = True
         break
+      except Exception:
+        # The failed element is consumed and the buffer dropped with it (as a
+        # batch drops its rows): the state is right after it, nothing buffered
+        # (unless full-length elements read before it wait in `_ready`).
+        self._pulled += 1
+        if not self._ready:
+          self._checkpoint()
+        raise
       self._pulled += 1
       self._check_element(features)
       piece = _Piece((self._anchor, self._pulled - 1), features, config.whole_slices())

@@ -7,7 +7,7 @@ arguments and produce exactly Grain's packed examples for the same input order
 the packed examples do not depend on the worker count (Grain packs per worker).
 
 State: `{"replay_from": <a parent state>, "skip": <elements after it before
-the window being emitted>, "next_row": <rows of that window already emitted>,
+the window being emitted, failed ones included>, "next_row": <rows of that window already emitted>,
 "counter": <rows emitted in all>}`. Grain's layout names the window's start
 "parent"; ours is another key (states written before named it "parent" too)
 so that Grain, given our state, refuses it (KeyError) instead of resuming at
@@ -66,6 +66,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
     self._rows_before = rows_before  # Seeds the window's bin shuffle.
     self._next_row = next_row
     self._filling: packing_utils.PackingWindow | None = None
+    self._replaying = False  # Re-packing a restored window, whose input's errors were raised before.
     self._batch: dict[str, Any] | None = None
     self._order = None
     self._num_rows = 0
@@ -95,7 +96,11 @@ class _PackIterator(iter_dataset.DatasetIterator):
       except StopIteration:
         raise ValueError(f"{self._owner}.set_state: the input ended before the packed window of {state!r}; "
                          "was it saved from a different pipeline or input?") from None
+      except Exception:  # pylint: disable=broad-except
+        pass  # An element that failed (consumed, raised before the state was saved) counts in `skip`.
     self._reset(anchor, skip=skip, rows_before=counter - next_row, next_row=next_row)
+    # Rows of the window were emitted, so it was packed whole: its input's errors were raised then.
+    self._replaying = next_row > 0
 
   def _finish_window(self, next_element: Any, next_start: tuple[dict[str, Any], int]) -> None:
     self._num_rows = self._filling.num_rows
@@ -126,10 +131,16 @@ class _PackIterator(iter_dataset.DatasetIterator):
       try:
         element = next(parent)
       except StopIteration:
+        self._replaying = False
         if self._filling is None:
           raise
         self._finish_window(None, (self._anchor, self._pulled))  # The last, possibly partial, window.
         return
+      except Exception:  # pylint: disable=broad-except
+        self._pulled += 1  # Consumed: positions count it, so a restore resumes after it.
+        if self._replaying:
+          continue  # Raised when the window was first packed.
+        raise
       self._pulled += 1
       if self._nesting is not None:
         element = self._nesting.flatten(element)
@@ -142,6 +153,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
       if not self._filling.try_add(element):
         start = (self._anchor, self._pulled - 1)  # The next window starts with `element`.
         self._anchor, self._pulled = state_lib.strip(parent.get_state()), 0
+        self._replaying = False
         self._finish_window(element, start)
         return
 
