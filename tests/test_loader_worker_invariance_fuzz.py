@@ -29,6 +29,7 @@ import loader
 from loader import experimental
 from loader import transforms as transforms_lib
 from loader_testing import record_index
+from loader_testing import take_with_errors
 from loader_testing import write_array_records
 
 pytestmark = pytest.mark.timeout(300)
@@ -81,15 +82,7 @@ def is_err(x):
 
 def take(it, n):
   """Up to n items; an error shows up as ("ERROR", type name) and the consumer goes on."""
-  out = []
-  while len(out) < n:
-    try:
-      out.append(next(it))
-    except StopIteration:
-      break
-    except Exception as e:  # pylint: disable=broad-except
-      out.append(_err(e))
-  return out
+  return take_with_errors(it, n, on_error=_err)
 
 
 def take_with_states(it, n, rng):
@@ -289,21 +282,30 @@ def build_map(spec, tmp_dir):
       ds = ds[op[1]:op[2]:op[3]]
     elif name == "repeat":
       ds = ds.repeat(op[1])
-    elif name == "map":
-      ds = ds.map(MAPS[op[1]])
-    elif name == "filter":
-      ds = ds.filter(FILTERS[op[1]])
-    elif name == "random_map":
-      ds = ds.random_map(RANDOM_MAPS[op[1]], seed=op[2])
-    elif name == "map_with_index":
-      ds = ds.map_with_index(i_index)
-    elif name == "batch":
-      ds = ds.batch(op[1], drop_remainder=op[2])
+    elif name in _COMMON_OPS:
+      ds = _apply_common(ds, op)
     elif name == "cts":
       ds = experimental.ConcatThenSplitIterDataset(ds.map(m_tokens), length_struct={"inputs": op[1], "targets": op[1]})
     else:
       raise ValueError(op)
   return ds
+
+
+_COMMON_OPS = ("map", "filter", "random_map", "map_with_index", "batch")
+
+
+def _apply_common(ds, op):
+  """An op both dataset levels have, applied to `ds` (a MapDataset or an IterDataset)."""
+  name = op[0]
+  if name == "map":
+    return ds.map(MAPS[op[1]])
+  if name == "filter":
+    return ds.filter(FILTERS[op[1]])
+  if name == "random_map":
+    return ds.random_map(RANDOM_MAPS[op[1]], seed=op[2])
+  if name == "map_with_index":
+    return ds.map_with_index(i_index)
+  return ds.batch(op[1], drop_remainder=op[2])
 
 
 def build_iter(spec, tmp_dir):
@@ -313,16 +315,8 @@ def build_iter(spec, tmp_dir):
     ds = build_map(spec, tmp_dir).to_iter_dataset(loader.ReadOptions(**spec["read"]))
   for op in spec["iter_ops"]:
     name = op[0]
-    if name == "map":
-      ds = ds.map(MAPS[op[1]])
-    elif name == "filter":
-      ds = ds.filter(FILTERS[op[1]])
-    elif name == "random_map":
-      ds = ds.random_map(RANDOM_MAPS[op[1]], seed=op[2])
-    elif name == "map_with_index":
-      ds = ds.map_with_index(i_index)
-    elif name == "batch":
-      ds = ds.batch(op[1], drop_remainder=op[2])
+    if name in _COMMON_OPS:
+      ds = _apply_common(ds, op)
     elif name == "pack":
       ds = experimental.FirstFitPackIterDataset(
           ds.map(m_tokens), length_struct={"inputs": op[1], "targets": op[1]}, num_packing_bins=op[2],
