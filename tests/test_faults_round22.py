@@ -177,12 +177,17 @@ def test_a_tail_of_zeros_in_fail_mode_says_where_to_cut_the_file(tmp_path):
   assert json.loads((out / "manifest.json").read_text())["shards"][0]["records"] == 3
 
 
-def test_a_gzipped_array_record_file_says_to_decompress_it(tmp_path):
+def _one_converted_shard(tmp_path):
+  """The ArrayRecord shard of a 3-record dataset made in tmp_path/raw and converted into tmp_path/ar."""
   raw = tmp_path / "raw"
   ft.make_dataset(str(raw), 1, 3, 16)
-  out = tmp_path / "ar"
-  assert _convert(str(raw / "*"), str(out)).returncode == 0
-  shard = out / "ds.array_record-00000-of-00001"
+  assert _convert(str(raw / "*"), str(tmp_path / "ar")).returncode == 0
+  return tmp_path / "ar" / "ds.array_record-00000-of-00001"
+
+
+def test_a_gzipped_array_record_file_says_to_decompress_it(tmp_path):
+  shard = _one_converted_shard(tmp_path)
+  raw = tmp_path / "raw"
   packed = tmp_path / "copy" / "ds.array_record-00000-of-00001.gz"  # Compressed for the transfer.
   packed.parent.mkdir()
   packed.write_bytes(gzip.compress(shard.read_bytes()))
@@ -199,11 +204,7 @@ def test_a_gzipped_array_record_file_says_to_decompress_it(tmp_path):
 
 
 def test_a_path_that_goes_on_after_a_files_name_is_not_called_a_permission_problem(tmp_path):
-  raw = tmp_path / "raw"
-  ft.make_dataset(str(raw), 1, 3, 16)
-  out = tmp_path / "ar"
-  assert _convert(str(raw / "*"), str(out)).returncode == 0
-  shard = str(out / "ds.array_record-00000-of-00001")
+  shard = str(_one_converted_shard(tmp_path))
   for path in (shard + "/", shard + "/more/names"):
     with pytest.raises(loader.source.NotArrayRecordError) as e:
       loader.ArrayRecordSource(path)
@@ -341,11 +342,7 @@ def test_review_a_hole_of_zeros_with_records_after_it_gets_no_truncate_advice(tm
 
 
 def test_review_a_gzipped_array_record_file_without_gz_gets_a_command_that_works(tmp_path):
-  raw = tmp_path / "raw"
-  ft.make_dataset(str(raw), 1, 3, 16)
-  out = tmp_path / "ar"
-  assert _convert(str(raw / "*"), str(out)).returncode == 0
-  shard = out / "ds.array_record-00000-of-00001"
+  shard = _one_converted_shard(tmp_path)
   packed = tmp_path / "it's here" / "ds.array_record-00000-of-00001"  # Compressed under its own name.
   packed.parent.mkdir()
   packed.write_bytes(gzip.compress(shard.read_bytes()))

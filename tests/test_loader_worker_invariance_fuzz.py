@@ -85,18 +85,19 @@ def take(it, n):
   return take_with_errors(it, n, on_error=_err)
 
 
-def take_with_states(it, n, rng):
-  """(elements, {step: json'd state before element step}) with states at random steps."""
+def take_with_states(it, n, rng=None, errors=Exception):
+  """(elements, {step: json'd state before element step}) with states at random steps (every step
+  without `rng`); an error of `errors` is an element, as in `take`."""
   out, states = [], {}
   while len(out) < n:
-    if rng.random() < 0.35 or not states:
+    if rng is None or rng.random() < 0.35 or not states:
       states[len(out)] = json.dumps(it.get_state())
     try:
       out.append(next(it))
     except StopIteration:
       states[len(out)] = json.dumps(it.get_state())
       break
-    except Exception as e:  # pylint: disable=broad-except
+    except errors as e:  # pylint: disable=broad-except
       out.append(_err(e))
   return out, states
 
@@ -736,21 +737,13 @@ def test_regression_packing_restores_after_a_consumed_input_error():
   set_state itself raised it.
   """
   it = iter(_packed_after_failures())
-  elements, states = [], []
-  while True:
-    states.append(it.get_state())
-    try:
-      elements.append(next(it))
-    except StopIteration:
-      break
-    except ValueError as e:
-      elements.append(_err(e))
+  elements, states = take_with_states(it, 1000, errors=ValueError)
   assert [key(x) if not is_err(x) else "E" for x in elements] == [0, 3, 4, "E", 6, 9, 11, 13, 14, "E", 16, 19]
-  for step, state in enumerate(states):
+  for step, state in states.items():
     if step in (4, 10):
       continue  # Right after the error: test_packing_restore_right_after_an_input_error.
     restored = iter(_packed_after_failures())
-    restored.set_state(json.loads(json.dumps(state)))
+    restored.set_state(json.loads(state))
     assert_same_stream(take(restored, 100), elements[step:], f"step {step}")
 
 
@@ -767,19 +760,11 @@ def test_regression_concat_then_split_restores_after_a_consumed_input_error():
   pointed before the failed element, which the restored iterator raised again.
   """
   it = iter(_split_after_failures())
-  elements, states = [], []
-  while True:
-    states.append(it.get_state())
-    try:
-      elements.append(next(it))
-    except StopIteration:
-      break
-    except ValueError as e:
-      elements.append(_err(e))
+  elements, states = take_with_states(it, 1000, errors=ValueError)
   assert sum(is_err(x) for x in elements) == 3
-  for step, state in enumerate(states):
+  for step, state in states.items():
     restored = iter(_split_after_failures())
-    restored.set_state(json.loads(json.dumps(state)))
+    restored.set_state(json.loads(state))
     assert_same_stream(take(restored, 100), elements[step:], f"step {step}")
 
 
