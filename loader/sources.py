@@ -154,7 +154,7 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
     text = f"ArrayRecordDataSource({len(self.paths)} files, {len(self)} records, files_hash={self._files_hash()}"
     if self._ranges is not None:
       text += f", ranges_hash={self._ranges['hash']}"
-    return text + ")"
+    return text + f", content_hash={self._content_hash()})"
 
   def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
     """Records at `indices` (any order, repeats allowed), one batched read per file."""

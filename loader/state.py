@@ -52,10 +52,14 @@ _STAMP_KEYS = (VERSION_KEY, PIPELINE_KEY)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _MAX_OP_CHARS = 160
 # ArrayRecordSource's repr gained the hash of its file names and counts, and
-# later ArrayRecordDataSource's too (with its record ranges); a state saved
-# before either names those sources without one and still resumes.
-_SOURCE_IDENTITY = re.compile(r", files_hash=[0-9a-f]{8}(, ranges_hash=[0-9a-f]{8})?")
-_DATA_SOURCE_IDENTITY = re.compile(r"(ArrayRecordDataSource\([^()]*?), files_hash=[0-9a-f]{8}(, ranges_hash=[0-9a-f]{8})?")
+# later ArrayRecordDataSource's too (with its record ranges), and later both a
+# hash of the files' content; a state saved before any of these names those
+# sources without it and still resumes.
+_SOURCE_IDENTITY = re.compile(
+    r", files_hash=[0-9a-f]{8}(, ranges_hash=[0-9a-f]{8})?(, content_hash=[0-9a-f]{8})?")
+_DATA_SOURCE_IDENTITY = re.compile(
+    r"(ArrayRecordDataSource\([^()]*?), files_hash=[0-9a-f]{8}(, ranges_hash=[0-9a-f]{8})?(, content_hash=[0-9a-f]{8})?")
+_CONTENT_IDENTITY = re.compile(r", content_hash=[0-9a-f]{8}")
 
 
 class StateMismatchError(ValueError):
@@ -270,9 +274,12 @@ def _check_fingerprint(saved: list[int], mine: list[str], owner: str) -> None:
   ops, ours = _unfold_batches(mine), fingerprint(mine)
   if saved == ours or _same_but_for_folding(saved, ops):
     return
+  if _saved_before_content_hashes(saved, mine):
+    return
   for i, (a, b) in enumerate(zip(saved, ours)):
     if a != b:
-      hint = (" (the same number of files and records, but other file names or the files in another order)"
+      hint = (" (the same number of files and records, but other file names or the files in another order, or "
+              "files of the same names whose content changed since the state was saved)"
               if a >> 32 == b >> 32 and _SOURCE_IDENTITY.search(ops[i]) else "")
       raise StateMismatchError(
           f"{owner}.set_state: this state was saved from a different pipeline: its operation {i} is not "
@@ -285,6 +292,17 @@ def _check_fingerprint(saved: list[int], mine: list[str], owner: str) -> None:
   raise StateMismatchError(
       f"{owner}.set_state: this state was saved from a different pipeline: {which} has{extra} "
       f"(this pipeline: {' -> '.join(ops)}).{_ON_PURPOSE}")
+
+
+def _saved_before_content_hashes(saved: list[int], mine: list[str]) -> bool:
+  """Whether `saved` fingerprints `mine` as described before sources named their content's hash.
+
+  Such a state cannot vouch for the files' content; it resumes as it did then.
+  """
+  legacy = [_CONTENT_IDENTITY.sub("", op) for op in mine]
+  if legacy == mine:
+    return False
+  return saved == fingerprint(legacy) or _same_but_for_folding(saved, _unfold_batches(legacy))
 
 
 def _check_text(saved: list[str], mine: list[str], owner: str) -> None:
@@ -382,11 +400,17 @@ def same_but_for_source_identity(saved: Any, mine: Any) -> bool:
 
   Saved before any source had one: no identity at all. Saved after
   ArrayRecordSource's but before ArrayRecordDataSource's: only the latter's
+  are missing. Saved before sources named their content's hash: only those
   are missing.
   """
   texts = saved if isinstance(saved, list) else [saved]
   if not all(isinstance(t, str) for t in texts):
     return False
+  if not any(_CONTENT_IDENTITY.search(t) for t in texts):  # Saved before sources named their content's hash.
+    mine = [_CONTENT_IDENTITY.sub("", m) for m in mine] if isinstance(mine, list) else (
+        _CONTENT_IDENTITY.sub("", mine) if isinstance(mine, str) else mine)
+    if mine == saved:
+      return True
 
   def without(pattern: re.Pattern, replacement: str) -> Any:
     strip = lambda x: pattern.sub(replacement, x) if isinstance(x, str) else x
