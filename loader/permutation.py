@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from loader import checks
 _M32 = 0xFFFFFFFF
 _MIN_BLOCK_BITS = 16
 DEFAULT_ROUNDS = 4
+_WALK_BUDGET = 2048  # Cipher rounds one `index_shuffle` call walks before it builds a 16-bit block's table.
 
 
 def seed_seq_generate(seed: int, n: int) -> list[int]:
@@ -78,6 +80,7 @@ class _Cipher:
     self._mask = np.uint32((1 << word) - 1)
     # A round key is XORed into a `word`-bit half: only its low bits count.
     self._keys = [np.uint32(k & ((1 << word) - 1)) for k in seed_seq_generate(seed, rounds)]
+    self._int_keys = [int(k) for k in self._keys]
     self._shifts = {r: (np.uint32(r), np.uint32(word - r)) for r in (1, 2, 8)}
 
   def _rotl(self, x: np.ndarray, r: int) -> np.ndarray:
@@ -108,6 +111,27 @@ class _Cipher:
     out = left.astype(np.uint64) << w
     out |= right
     return out
+
+  def walk_one(self, value: int, max_index: int, max_steps: int | None = None) -> int | None:
+    """`encrypt` of one position with cycle walking, in Python ints; None after `max_steps` steps.
+
+    For a single `index_shuffle` call numpy's per-operation cost dominates
+    (~0.3 ms a call, dozens of times Grain's C++); plain ints take a few microseconds.
+    """
+    word, mask = self.word, int(self._mask)
+    keys = self._int_keys
+    rotl = lambda x, r: ((x << r) | (x >> (word - r))) & mask
+    steps = 0
+    while max_steps is None or steps < max_steps:
+      steps += 1
+      left, right = (value >> word) & mask, value & mask
+      for i in range(0, len(keys), 2):
+        left ^= (rotl(right, 1) & rotl(right, 8)) ^ rotl(right, 2) ^ keys[i]
+        right ^= (rotl(left, 1) & rotl(left, 8)) ^ rotl(left, 2) ^ keys[i + 1]
+      value = (left << word) | right
+      if value <= max_index:
+        return value
+    return None
 
 
 @functools.lru_cache(maxsize=16)
@@ -194,7 +218,30 @@ def index_shuffle(index: int, max_index: int, seed: int, rounds: int) -> int:
   index, max_index = int(index), int(max_index)
   if not 0 <= index <= max_index:
     raise ValueError(f"index must be in [0, max_index], but got index = {index} and max_index = {max_index}")
-  return int(shuffle_positions(np.array([index], dtype=np.int64), max_index, seed, rounds, bijective=False)[0])
+  if max_index == 0:
+    return 0
+  bits = block_bits(max_index)
+  cipher = _cipher(bits // 2, seed & _M32, rounds)
+  if bits > _MIN_BLOCK_BITS:  # At least 1/4 of the block is inside: walks are short.
+    return cipher.walk_one(index, max_index)
+  # A small domain in a 16-bit block: a walk averages 2**16 / (max_index + 1)
+  # steps. Short ones are walked; a long one builds (and caches) the table of
+  # the whole block for this seed, ~40 ms, which later calls share.
+  key = (seed & _M32, rounds, max_index)
+  if key in _TABLED:  # This seed's table was wanted before: walks here are long.
+    return int(_small_table(*key)[index])
+  shuffled = cipher.walk_one(index, max_index, max_steps=max(8, _WALK_BUDGET // rounds))
+  if shuffled is None:
+    with _TABLED_LOCK:  # Callers may be threads (a sampler under a thread pool).
+      _TABLED[key] = None
+      while len(_TABLED) > 16:  # As many as _small_table caches.
+        del _TABLED[next(iter(_TABLED))]
+    shuffled = int(_small_table(*key)[index])
+  return shuffled
+
+
+_TABLED: dict[tuple[int, int, int], None] = {}  # Keys of the tables index_shuffle built, oldest first.
+_TABLED_LOCK = threading.Lock()
 
 
 class IndexPermutation:

@@ -128,13 +128,14 @@ class _TFRecordReader:
 
   Grain's class of the same name (MaxText subclasses it to read from GCS: it
   sets `self._reader` to any binary file object and skips `__init__`). The
-  file is opened on first use.
+  file is opened here, so `iter(ds)` of a missing file raises, as Grain's does.
   """
 
   def __init__(self, path: str):
     self._path = path
     self._reader: BinaryIO | None = None
     self._index: int | None = 0  # Number of the record at the file's position; None: not known (after a seek).
+    self._file()
 
   def _file(self) -> BinaryIO:
     if self._reader is None:

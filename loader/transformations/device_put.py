@@ -14,15 +14,16 @@ from typing import Any
 
 from loader import checks
 from loader import iter_dataset as iter_lib
+from loader import map_dataset as map_lib
 from loader import sequential
 
 
-def device_put(ds: iter_lib.IterDataset, device: Any, *, cpu_buffer_size: int = 4,
+def device_put(ds: iter_lib.IterDataset | map_lib.MapDataset, device: Any, *, cpu_buffer_size: int = 4,
                device_buffer_size: int = 2) -> iter_lib.IterDataset:
   """Returns `ds` with elements put on `device` ahead of the consumer.
 
   Args:
-    ds: The stream to move.
+    ds: The stream to move (a `MapDataset` is read in order, as Grain's).
     device: What `jax.device_put` accepts: a device, a `Sharding`, or a pytree
       of them matching the elements.
     cpu_buffer_size: Host elements prefetched in a thread (0: none).
@@ -34,6 +35,8 @@ def device_put(ds: iter_lib.IterDataset, device: Any, *, cpu_buffer_size: int = 
   # here, not per element, so a missing JAX fails at pipeline construction.
   import jax  # pylint: disable=g-import-not-at-top
 
+  if isinstance(ds, map_lib.MapDataset):  # Grain's prefetch takes one too: its elements in order.
+    ds = ds.to_iter_dataset()
   ds = ds.prefetch(cpu_buffer_size)
   # A sequential map, never folded into a random-access part: device
   # transfers must run in this process, not in mp_prefetch workers.
