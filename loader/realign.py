@@ -70,11 +70,14 @@ class RealignedMapDataset(map_dataset_lib.MapDataset):
     self._base = ds
     self._batch = batch
     self.origin = origin
-    # Input elements per element: the batch sizes from `batch` up.
-    self.unit = 1
+    # Input elements per element: the batch sizes from `batch` up; and how many batches (the rebuilt
+    # pipeline has them too).
+    self.unit, self._depth = 1, 0
     node = ds
     while node is not batch._parent:  # pylint: disable=protected-access
-      self.unit *= getattr(node, "_batch_size", 1)
+      if isinstance(node, map_dataset_lib.BatchMapDataset):
+        self.unit *= node._batch_size  # pylint: disable=protected-access
+        self._depth += 1
       node = node._parent  # pylint: disable=protected-access
     self.input_len = len(batch._parent)  # pylint: disable=protected-access
 
@@ -97,16 +100,57 @@ class RealignedMapDataset(map_dataset_lib.MapDataset):
   def resume_after_failure(self, k: int) -> tuple[int, Exception | None]:
     """The input element the stream goes on at after batch `k` failed, and that element's error.
 
-    The one after the first of the batch's elements that fails alone (as in
-    Grain, the ones gathered before it are dropped with it; its error is the
-    one Grain raises, even where a later element fails in an earlier stage),
-    or after the whole batch if none does (a batch_fn or a later map failed;
-    with nested batches Grain would go on after the inner batch that failed).
+    Grain's batch iterators gather their elements one after the other, each
+    inner batch before the next, and an error drops what the batches around
+    it gathered: so the stream goes on after the first thing that fails in
+    that order (an input element; with nested batches, an inner batch whose
+    `batch_fn` or a map above it fails, after its own elements), with its
+    error (the one Grain raises, even where a later element fails in an
+    earlier stage). After the whole batch if nothing fails alone (a
+    `batch_fn` or map of the outermost batch).
     """
-    first = self.origin + k * self.unit
-    stop = min(first + self.unit, self.input_len)
-    failed = map_dataset_lib.first_failure(self._batch._parent, range(first, stop))  # pylint: disable=protected-access
-    return (stop, None) if failed is None else (failed[0] + 1, failed[1])
+    levels, sizes = self._levels()
+    end, error = _first_failure_in(levels, sizes, len(levels) - 1, k)
+    if error is None:
+      return min(self.origin + (k + 1) * self.unit, self.input_len), None
+    return self.origin + end, error
+
+  def _levels(self) -> tuple[list[map_dataset_lib.MapDataset], list[int]]:
+    """The datasets under each batch of the (realigned) pipeline, innermost first, ending with the pipeline
+    itself, and each batch's size: element j of level i + 1 holds elements j*sizes[i] .. of level i."""
+    levels, sizes = [self._parent], []
+    node = self._parent
+    while len(sizes) < self._depth:
+      if isinstance(node, map_dataset_lib.BatchMapDataset):
+        sizes.append(node._batch_size)  # pylint: disable=protected-access
+        levels.append(node._parent)  # pylint: disable=protected-access
+      node = node._parent  # pylint: disable=protected-access
+    return levels[::-1], sizes[::-1]
+
+
+def _first_failure_in(levels: list[map_dataset_lib.MapDataset], sizes: list[int], level: int,
+                      j: int) -> tuple[int, Exception | None]:
+  """Computes element j of `levels[level]` as Grain's nested batch iterators do, part by part.
+
+  Returns the index of the input element (level 0) after the first part that
+  fails alone and its error, or, if none does, the index after the
+  element's last input element and None. The outermost level (the
+  pipeline) is not computed itself: it is known to fail.
+  """
+  if level == 0:
+    failed = map_dataset_lib.first_failure(levels[0], (j,))
+    return j + 1, None if failed is None else failed[1]
+  end = j  # Replaced: every element has a child.
+  below = levels[level - 1]
+  for child in range(j * sizes[level - 1], min((j + 1) * sizes[level - 1], len(below))):
+    end, error = _first_failure_in(levels, sizes, level - 1, child)
+    if error is not None:
+      return end, error
+  if level < len(levels) - 1:
+    failed = map_dataset_lib.first_failure(levels[level], (j,))
+    if failed is not None:
+      return end, failed[1]
+  return end, None
 
 
 def origin_of(ds: Any) -> int:

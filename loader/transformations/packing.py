@@ -8,7 +8,11 @@ the packed examples do not depend on the worker count (Grain packs per worker).
 
 State: `{"replay_from": <a parent state>, "skip": <elements after it before
 the window being emitted, failed ones included>, "next_row": <rows of that window already emitted>,
-"counter": <rows emitted in all>}`. Grain's layout names the window's start
+"counter": <rows emitted in all>}`, plus `"raised": <n>` in a state saved
+after the input raised while the packer filled that window (no row of it
+emitted yet): the window's first n input elements were read and their errors
+raised, so a restore re-packing the window does not raise them again. Older
+states (no "raised") restore as before. Grain's layout names the window's start
 "parent"; ours is another key (states written before named it "parent" too)
 so that Grain, given our state, refuses it (KeyError) instead of resuming at
 other rows. Grain's own states (no "skip") restore here. A restore
@@ -30,6 +34,9 @@ from loader import checks
 from loader import iter_dataset
 from loader import state as state_lib
 from loader.transformations import packing_utils
+
+
+_ALL = float("inf")  # Every input element of the window was read (and raised) before.
 
 
 class _PackIterator(iter_dataset.DatasetIterator):
@@ -58,7 +65,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
     self.stacks_like_batch = not spec.other_meta
     self._reset(state_lib.strip(parent.get_state()), skip=0, rows_before=0, next_row=0)
 
-  def _reset(self, anchor: dict[str, Any], *, skip: int, rows_before: int, next_row: int) -> None:
+  def _reset(self, anchor: dict[str, Any], *, skip: int, rows_before: int, next_row: int, raised: int = 0) -> None:
     self._anchor = anchor
     self._pulled = skip  # Elements read from the parent since `_anchor`.
     self._window_start = (anchor, skip)  # Where the window being emitted starts.
@@ -66,15 +73,22 @@ class _PackIterator(iter_dataset.DatasetIterator):
     self._rows_before = rows_before  # Seeds the window's bin shuffle.
     self._next_row = next_row
     self._filling: packing_utils.PackingWindow | None = None
-    self._replaying = False  # Re-packing a restored window, whose input's errors were raised before.
+    # Input elements of the window being filled read so far (failed ones included), and how many of them a
+    # restore re-reads quietly: their errors were raised before the state was saved (all of them once a row
+    # of the window was emitted, since the window was then packed whole).
+    self._window_reads = 0
+    self._raised = raised
     self._batch: dict[str, Any] | None = None
     self._order = None
     self._num_rows = 0
 
   def get_state(self) -> dict[str, Any]:
     anchor, skip = self._window_start
-    return {"replay_from": anchor, "skip": skip, "next_row": self._next_row,
-            "counter": self._rows_before + self._next_row}
+    state = {"replay_from": anchor, "skip": skip, "next_row": self._next_row,
+             "counter": self._rows_before + self._next_row}
+    if self._next_row == 0 and self._raised:
+      state["raised"] = self._raised  # Only then: other states keep the layout older versions read.
+    return state
 
   # Grain's layout: its "parent" is where the window being emitted starts, with nothing to skip.
   _grain_state_keys = ("parent", "next_row", "counter")
@@ -84,10 +98,16 @@ class _PackIterator(iter_dataset.DatasetIterator):
       state = {**state, "skip": 0}
     if isinstance(state, dict) and "replay_from" in state and "parent" not in state:
       state = {("parent" if k == "replay_from" else k): v for k, v in state.items()}
-    state_lib.check_keys(state, ("parent", "skip", "next_row", "counter"), self._owner)
+    keys = ("parent", "skip", "next_row", "counter")
+    state_lib.check_keys(state, keys + ("raised",) if isinstance(state, dict) and "raised" in state else keys,
+                         self._owner)
     skip = checks.check_int(state["skip"], "skip", minimum=0)
     next_row = checks.check_int(state["next_row"], "next_row", minimum=0)
     counter = checks.check_int(state["counter"], "counter", minimum=next_row)
+    raised = checks.check_int(state.get("raised", 0), "raised", minimum=0)
+    if raised and next_row:
+      raise ValueError(f"{self._owner}.set_state: a state with \"raised\" ({raised}) must have next_row 0, got "
+                       f"{next_row}; was it saved from a different pipeline?")
     self._parent.set_state(state["parent"])
     anchor = state_lib.strip(self._parent.get_state())
     for _ in range(skip):
@@ -98,9 +118,9 @@ class _PackIterator(iter_dataset.DatasetIterator):
                          "was it saved from a different pipeline or input?") from None
       except Exception:  # pylint: disable=broad-except
         pass  # An element that failed (consumed, raised before the state was saved) counts in `skip`.
-    self._reset(anchor, skip=skip, rows_before=counter - next_row, next_row=next_row)
     # Rows of the window were emitted, so it was packed whole: its input's errors were raised then.
-    self._replaying = next_row > 0
+    self._reset(anchor, skip=skip, rows_before=counter - next_row, next_row=next_row,
+                raised=_ALL if next_row else raised)
 
   def _finish_window(self, next_element: Any, next_start: tuple[dict[str, Any], int]) -> None:
     self._num_rows = self._filling.num_rows
@@ -119,6 +139,7 @@ class _PackIterator(iter_dataset.DatasetIterator):
     self._batch = batch
     self._next_start = next_start
     self._filling = None
+    self._window_reads, self._raised = (0 if next_element is None else 1), 0
     if next_element is not None:
       self._filling = packing_utils.PackingWindow(self._spec, next_element, self._cache)
       if not self._filling.try_add(next_element):
@@ -131,17 +152,19 @@ class _PackIterator(iter_dataset.DatasetIterator):
       try:
         element = next(parent)
       except StopIteration:
-        self._replaying = False
         if self._filling is None:
           raise
         self._finish_window(None, (self._anchor, self._pulled))  # The last, possibly partial, window.
         return
       except Exception:  # pylint: disable=broad-except
         self._pulled += 1  # Consumed: positions count it, so a restore resumes after it.
-        if self._replaying:
+        self._window_reads += 1
+        if self._window_reads <= self._raised:
           continue  # Raised when the window was first packed.
+        self._raised = self._window_reads  # A state saved now re-packs the window quietly up to here.
         raise
       self._pulled += 1
+      self._window_reads += 1
       if self._nesting is not None:
         element = self._nesting.flatten(element)
       if self._filling is None:
@@ -153,7 +176,6 @@ class _PackIterator(iter_dataset.DatasetIterator):
       if not self._filling.try_add(element):
         start = (self._anchor, self._pulled - 1)  # The next window starts with `element`.
         self._anchor, self._pulled = state_lib.strip(parent.get_state()), 0
-        self._replaying = False
         self._finish_window(element, start)
         return
 
