@@ -60,8 +60,22 @@ def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
     for p in paths:
       check_regular_file(p)  # A directory or FIFO given by name, or a FIFO matched.
   if not paths:
-    raise NoInputFilesError(pattern, _no_files_hint(pattern, query))
+    raise NoInputFilesError(pattern, _outputs_only_hint(pattern, metadata, wanted, skip_under)
+                            or _no_files_hint(pattern, query))
   return paths
+
+
+def _outputs_only_hint(pattern: str, metadata: list[Any], wanted: _GlobFilter, skip_under: str | None) -> str | None:
+  """Advice when a pattern matched files, but only the output folder's own (its shards, its manifest)."""
+  if skip_under is None or not wanted.magic:
+    return None
+  owned = [m.path for m in metadata if m.path.rstrip("/").endswith("/" + MANIFEST_NAME) or wanted.is_output(m.path)]
+  if not owned:
+    return None
+  manifests = sum(p.rstrip("/").endswith("/" + MANIFEST_NAME) for p in owned)
+  kinds = [f"{len(owned) - manifests} ArrayRecord file(s)"] * (len(owned) > manifests) + [MANIFEST_NAME] * (manifests > 0)
+  return (f"Only the output folder's own files are there ({' and '.join(kinds)} in {skip_under}), and those are "
+          f"never inputs: give the TFRecord files (the inputs a conversion's {MANIFEST_NAME} lists)")
 
 
 class _GlobFilter:
@@ -87,17 +101,24 @@ class _GlobFilter:
         # files there are outputs, of this run's interrupted start for one.
         self._converted_in = out + "/"
 
+  def is_output(self, path: str) -> bool:
+    """Whether a matched path is one of the output folder's own files, never an input."""
+    if not self.magic:
+      return False
+    rest = split_uri(path)[1].rstrip("/")
+    if self._skip is not None and (rest + "/").startswith(self._skip):
+      return True
+    # A gs:// object is read (a request each) only where its name is an output's.
+    return (self._converted_in is not None and rest.startswith(self._converted_in)
+            and (self._scheme == "" or "array_record" in posixpath.basename(rest))
+            and _starts_as_array_record(path))
+
   def __call__(self, path: str) -> bool:
     if not self.magic:
       return True
+    if self.is_output(path):
+      return False
     rest = split_uri(path)[1].rstrip("/")
-    if self._skip is not None and (rest + "/").startswith(self._skip):
-      return False
-    # A gs:// object is read (a request each) only where its name is an output's.
-    if (self._converted_in is not None and rest.startswith(self._converted_in)
-        and (self._scheme == "" or "array_record" in posixpath.basename(rest))
-        and _starts_as_array_record(path)):
-      return False
     got = rest.split("/")[self._fixed:]
     wild = self._parts[self._fixed:]
     if "**" in "/".join(wild) or len(got) != len(wild):

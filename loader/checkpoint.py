@@ -159,12 +159,27 @@ def _save_error(e: OSError, path: str) -> OSError:
   if e.errno in (errno.ENOSPC, errno.EDQUOT):
     fix = "Free space there or save elsewhere"
   elif isinstance(e, (FileExistsError, NotADirectoryError)):
-    fix = "A part of its folder's path is a file: save elsewhere"
+    fix = _blocking_part(os.path.dirname(ondisk.local_abspath(path)))
   elif e.errno == errno.ENAMETOOLONG:
     fix = "A name in the path is longer than this filesystem allows: choose a shorter one"
+  elif e.errno == errno.EFBIG:
+    # RLIMIT_FSIZE (`ulimit -f`, a batch system's file size limit): neither the folder nor its mount is at fault.
+    fix = ("The process's file size limit is smaller than the state: raise it (`ulimit -f`, or your job "
+           "scheduler's file size limit) or save elsewhere")
   else:
     fix = "Save elsewhere, or fix the folder's permissions or mount"
   return OSError(e.errno, f"{e.strerror}: cannot save the iterator state to {path}; the file {kept}. {fix}", path)
+
+
+def _blocking_part(directory: str) -> str:
+  """What to do about a folder path that could not be made: a broken link in it is named, as it is no file."""
+  part = directory
+  while part != os.path.dirname(part):
+    if os.path.islink(part) and not os.path.exists(part):
+      return (f"{part} is a broken symbolic link (to {os.readlink(part)!r}, which does not exist): fix or remove the "
+              "link, or save elsewhere")
+    part = os.path.dirname(part)
+  return "A part of its folder's path is a file: save elsewhere"
 
 
 def load_state(path: str | os.PathLike) -> Any:
@@ -184,6 +199,12 @@ def load_state(path: str | os.PathLike) -> Any:
   except IsADirectoryError as e:
     raise IsADirectoryError(e.errno, f"{path} is a directory, not an iterator state: pass the file save_state "
                                      "wrote (for an Orbax checkpoint, restore with Orbax's CheckpointManager)") from None
+  except OSError as e:  # A link loop, a path that goes on after a file's name, a disk error.
+    problem = ondisk.file_problem(path)
+    what = (f"it {problem.what}; {problem.fix}" if problem is not None
+            else f"{e.strerror}; check the disk and the file's permissions")
+    raise OSError(e.errno, f"Cannot read the iterator state {path}: {what}, or restore from another "
+                           "checkpoint") from None
   other = "restore from another checkpoint"
   if not raw.strip():
     raise ValueError(f"{path} is not a loader state file (it is empty: a save cut short?); {other}.")
@@ -203,8 +224,14 @@ def load_state(path: str | os.PathLike) -> Any:
     raise ValueError(f"{path} is not a loader state file (JSON nested too deeply); {other}.") from None
   if not isinstance(data, dict) or data.get("format") != _FORMAT or "state" not in data:
     raise ValueError(f"{path} is not a loader state file (expected format {_FORMAT!r}); {other}.")
-  if data.get("version") != _VERSION:
-    raise ValueError(f"{path} has state version {data.get('version')!r}; this loader reads version {_VERSION}.")
+  version = data.get("version")
+  if version != _VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > _VERSION:
+      fix = ("it was written by a newer arrayrecord-toolkit: restore it with that version (pip install -U "
+             f"arrayrecord-toolkit), or {other}")
+    else:
+      fix = f"the file was edited or damaged: {other}"
+    raise ValueError(f"{path} has state file version {version!r}; this loader reads version {_VERSION}; {fix}.")
   if data.get("encoding") == "json-bytes":
     return json.dumps(data["state"], indent=4).encode()  # Indented as DataLoaderIterator.get_state (and Grain) writes it.
   return data["state"]

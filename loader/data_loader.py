@@ -481,8 +481,11 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     # Version 1 kept ours in "version", which is Grain's since version 2.
     version = state[_STATE_VERSION_KEY] if _STATE_VERSION_KEY in state else state.get("version")
     if version not in (_STATE_VERSION, _V2_STATE_VERSION, _V1_STATE_VERSION):
+      newer = isinstance(version, int) and not isinstance(version, bool) and version > _STATE_VERSION
+      fix = ("a newer arrayrecord-toolkit wrote it: resume with that version, or start a fresh iterator" if newer
+             else "it was edited or damaged: restore another checkpoint, or start a fresh iterator")
       raise ValueError(f"DataLoader state version {version!r} is not supported "
-                       f"(this loader reads versions {_V1_STATE_VERSION} to {_STATE_VERSION}).")
+                       f"(this loader reads versions {_V1_STATE_VERSION} to {_STATE_VERSION}); {fix}.")
     if version != _STATE_VERSION:
       state = {**state, "dataset": self._in_records(state["dataset"])}
     source = self._data_loader._data_source  # pylint: disable=protected-access

@@ -79,9 +79,14 @@ def write_tfrecord_file(path: str, records, *, overwrite: bool = False) -> None:
   ondisk.remove_stale_temps_of(path)
   tmp = ondisk.temp_name(path)
   try:
-    with open(tmp, "wb") as f:
-      for r in records:
-        f.write(tfrecord_frame(r))
+    try:
+      with open(tmp, "wb") as f:
+        for r in records:
+          f.write(tfrecord_frame(r))
+    except OSError as e:
+      if e.filename is None:  # A failed write names no file: the error would name only --output.
+        raise OSError(e.errno, e.strerror, path) from e
+      raise
     try:
       # Without overwrite, a name taken meanwhile (another run) is never replaced.
       ondisk.publish_local(tmp, path, expect=ondisk.REPLACE_ANY if overwrite else None)
@@ -121,15 +126,23 @@ def make_example_data(output: str, shards: int = 8, records_per_shard: int = 100
   """
   if shards <= 0 or records_per_shard < 0:
     raise ValueError(f"Need shards > 0 and records_per_shard >= 0, got {shards=}, {records_per_shard=}.")
-  os.makedirs(output, exist_ok=True)
-  paths = [os.path.join(output, f"{prefix}.tfrecord-{s:05d}-of-{shards:05d}") for s in range(shards)]
-  taken = [p for p in paths if os.path.lexists(p)]
-  if taken and not overwrite:
-    raise FileExistsError(f"{len(taken)} of the {shards} file(s) exist already, e.g. {taken[0]}; nothing was "
-                          "written. Pass --overwrite (overwrite=True) to replace them, or another --output.")
-  for s, path in enumerate(paths):
-    write_tfrecord_file(path, examples(s, records_per_shard, seed, first_id=s * records_per_shard),
-                        overwrite=overwrite)
+  created, d = [], os.path.abspath(output)
+  while not os.path.lexists(d) and d != os.path.dirname(d):
+    created.insert(0, d)
+    d = os.path.dirname(d)
+  os.makedirs(output, exist_ok=True)  # Its errors (a file in the path) as they were.
+  try:
+    paths = [os.path.join(output, f"{prefix}.tfrecord-{s:05d}-of-{shards:05d}") for s in range(shards)]
+    taken = [p for p in paths if os.path.lexists(p)]
+    if taken and not overwrite:
+      raise FileExistsError(f"{len(taken)} of the {shards} file(s) exist already, e.g. {taken[0]}; nothing was "
+                            "written. Pass --overwrite (overwrite=True) to replace them, or another --output.")
+    for s, path in enumerate(paths):
+      write_tfrecord_file(path, examples(s, records_per_shard, seed, first_id=s * records_per_shard),
+                          overwrite=overwrite)
+  except BaseException:
+    ondisk.remove_empty_dirs(created)  # A run that wrote nothing leaves no folder of its own behind.
+    raise
   return paths
 
 
@@ -148,8 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{p.prog}: error: {e}", file=sys.stderr)
     return 2
   except OSError as e:  # A full disk, an --output under a file: one line, as for every CLI here.
-    fix = ("free space there or choose another --output" if e.errno in (errno.ENOSPC, errno.EDQUOT)
-           else "check --output")
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+      fix = "free space there or choose another --output"
+    elif e.errno == errno.EFBIG:
+      fix = "raise the file size limit (`ulimit -f`) or write fewer records per shard (--records-per-shard)"
+    else:
+      fix = "check --output"
     print(f"{p.prog}: error: cannot write {e.filename or args.output} ({e.strerror or e}); {fix}. No partial "
           "file was left; shards already written are complete (rerun with --overwrite to write them all).",
           file=sys.stderr)

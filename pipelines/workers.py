@@ -163,6 +163,12 @@ def decide(requested: int | str, sizes: Sequence[int], beam_args: Sequence[str] 
     ValueError: --workers N with a runner other than DirectRunner.
   """
   runner = runner_name(beam_args)
+  if runner.rsplit(".", 1)[-1].lower() in ("dataflowrunner", "testdataflowrunner"):
+    # Here nothing stages the toolkit for Dataflow's workers, and a machine without Google Cloud credentials
+    # waited for minutes (Beam retries) with nothing said.
+    raise ValueError(f"--runner {runner}: submit Dataflow jobs with arrayrecord-dataflow (the same converter flags; "
+                     "--tfds-dataset-dir for a TFDS dataset), which stages this toolkit for the workers and checks "
+                     "the Google Cloud flags and credentials first.")
   if not is_direct(runner):
     if requested != AUTO:
       raise ValueError(f"--workers {requested} applies to DirectRunner only; {runner} "
@@ -170,6 +176,11 @@ def decide(requested: int | str, sizes: Sequence[int], beam_args: Sequence[str] 
     return Decision(None, f"{runner} schedules its own workers", direct=False)
   explicit = [f"--{n} {_flag_value(beam_args, n)}" for n in BEAM_FLAGS
               if _flag_value(beam_args, n) is not None]
+  count = _flag_value(beam_args, "direct_num_workers")
+  if count is not None and count.lstrip().startswith("-"):
+    # Beam takes it and fails deep inside with "IndexError: list index out of range".
+    raise ValueError(f"--direct_num_workers must be 0 (one worker per core) or a positive number of worker "
+                     f"processes, got {count}; or leave the Beam flags out and use --workers N|auto.")
   if explicit:
     ignored = f"; --workers {requested} not applied" if requested != AUTO else ""
     return Decision(None, f"explicit Beam flags {' '.join(explicit)}{ignored}")
