@@ -1,12 +1,14 @@
 """Argument checks shared by every loader module: one wording, one place.
 
 Numpy integers are accepted wherever Python ints are (indices and seeds often
-come out of numpy code); bools are rejected (True as a batch size is a bug).
+come out of numpy code); bools are rejected as sizes (True as a batch size is a bug) but taken as
+seeds, as Grain computes with them.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,9 +28,11 @@ def is_int(value: Any) -> bool:
           and np.dtype(dtype).kind in "iu")
 
 
-def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None,
+              range_error: type[ValueError] = ValueError) -> int:
   """`value` as an int, or ValueError naming `name`, the value and the valid range (IntTypeError,
-  also a TypeError, where `value` is no integer)."""
+  also a TypeError, where `value` is no integer). `range_error`, a ValueError subclass, is raised for
+  an integer out of range where Grain fails there with another type too (see ZeroSizeError)."""
   if is_int(value):
     value = int(value)  # Compared as a Python int: a JAX int32 would overflow against large bounds.
   if type(value) is not int or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
@@ -40,7 +44,8 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int
       want = f"an integer <= {maximum}"
     else:
       want = "an integer"
-    raise int_error(value)(f"{name} must be {want} (got {name}={value!r}).")
+    error = range_error if is_int(value) else IntTypeError
+    raise error(f"{name} must be {want} (got {name}={value!r}).")
   return value
 
 
@@ -77,6 +82,29 @@ class ArgumentTypeError(ValueError, TypeError):
   """An argument of the wrong type where Grain raises a ValueError (and loader used to raise a TypeError)."""
 
 
+class RangeTypeError(ValueError, TypeError):
+  """A value out of range where Grain 0.2.18 fails with a TypeError (its C++ index_shuffle, which
+  window shuffles call, refuses a seed outside uint32)."""
+
+
+class ZeroSizeError(ValueError, ZeroDivisionError):
+  """A size or weight Grain 0.2.18 divides by zero with (`max_fan_out=0`, a window of 0 records, a
+  negative mixing weight, whose weights may sum to 0): a ValueError, and Grain's ZeroDivisionError."""
+
+
+class EmptyCycleError(ValueError, IndexError):
+  """`cycle_length` below 1: a ValueError, and the IndexError Grain 0.2.18 raises from its empty cycle."""
+
+
+class WeightOverflowError(ValueError, OverflowError):
+  """An infinite mixing weight: a ValueError, and Grain 0.2.18's OverflowError (int(inf))."""
+
+
+class OptionsTypeError(TypeError, AttributeError):
+  """Options of the wrong type (`read_options=3`): a TypeError, and the AttributeError Grain 0.2.18
+  raises reading their fields."""
+
+
 class SeedTypeError(TypeError, ValueError):
   """A seed that is not an integer: a TypeError as Grain's (numpy's SeedSequence), and a ValueError."""
 
@@ -108,20 +136,49 @@ class WeightsCountError(ValueError, AssertionError):
   """`mix` weights whose count is not the datasets': a ValueError, and Grain 0.2.18's AssertionError."""
 
 
-def check_seed(seed: Any, what: str = "seed", *, any_size: bool = False) -> int:
+_FLOAT_SEEDS = ("integral", "truncate", "refuse")
+
+
+def check_seed(seed: Any, what: str = "seed", *, any_size: bool = False, floats: str = "integral",
+               range_error: type[ValueError] = ValueError) -> int:
   """A seed in [0, 2**32-1], as Grain's shuffles require; any size >= 0 with
-  `any_size` (Grain's `seed()` and random maps hash it into a Philox key)."""
-  if isinstance(seed, (float, np.floating)) and float(seed).is_integer():
-    seed = int(seed)  # Grain takes 3.0 (numpy's SeedSequence does not take 1.5).
+  `any_size` (Grain's `seed()` and random maps hash it into a Philox key).
+
+  A bool is the int it is (Grain computes with it). `floats` says what the op
+  takes on Grain: "integral" 3.0 but not 1.5, "truncate" any number in range
+  (`MapDataset.shuffle` takes `int(seed)`: 1.5 seeds as 1), "refuse" none
+  (`seed()` and random maps hash it with numpy's SeedSequence, window shuffles
+  pass it to C++: TypeError). `range_error` is raised for an integer out of
+  range (a ValueError subclass; see RangeTypeError).
+  """
+  if floats not in _FLOAT_SEEDS:
+    raise ValueError(f"floats must be one of {_FLOAT_SEEDS} (got {floats!r}).")
+  if isinstance(seed, (bool, np.bool_)):
+    seed = int(seed)
+  if isinstance(seed, (float, np.floating)):
+    if floats == "truncate" and math.isfinite(seed) and 0 <= seed < 2**32:
+      seed = int(seed)
+    elif floats == "integral" and float(seed).is_integer():
+      seed = int(seed)
   if is_int(seed):
     seed = int(seed)
   if not is_int(seed) or seed < 0 or (not any_size and seed > MAX_SEED):
     # A number of the wrong kind or range is a bad value; anything else a bad type too.
     # (A float is a bad type, as numpy's SeedSequence, which Grain calls, says.)
-    error = ValueError if isinstance(seed, (int, np.integer)) else SeedTypeError
+    error = range_error if isinstance(seed, (int, np.integer)) else SeedTypeError
     wanted = "a non-negative integer" if any_size else "an integer between 0 and 2**32-1"
     raise error(f"{what}: seed must be {wanted} (got {seed=!r}).")
   return int(seed)
+
+
+def seed_string(seed: Any) -> Any:
+  """`seed()`'s seed as numpy's SeedSequence (which Grain hashes it with) reads it: '7' is 7.
+
+  A command-line seed that was never converted to int works on Grain; other values pass unchanged.
+  """
+  if isinstance(seed, str) and seed.isascii() and seed.isdigit():
+    return int(seed)
+  return seed
 
 
 # Base classes of Grain's (and loader's) transform objects: a subclass passed
@@ -185,19 +242,20 @@ def fn_name(fn: Callable[..., Any]) -> str:
   return getattr(fn, "__qualname__", None) or type(fn).__qualname__
 
 
-def seed_or_default(parent: Any, seed: int | None, what: str, *, any_size: bool = False) -> int:
+def seed_or_default(parent: Any, seed: int | None, what: str, *, any_size: bool = False,
+                    floats: str = "integral") -> int:
   """The checked seed of an op on `parent`: `seed`, else derived from upstream `seed()` calls."""
   if seed is None:
     seed = default_seed(parent)
     if seed is None:
       raise ValueError(f"{what} needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
     return seed
-  return check_seed(seed, what, any_size=any_size)
+  return check_seed(seed, what, any_size=any_size, floats=floats)
 
 
 def random_map_seed(parent: Any, seed: int | None, what: str) -> int:
-  """`seed_or_default` for a random map, which takes seeds of any size as Grain's."""
-  return seed_or_default(parent, seed, what, any_size=True)
+  """`seed_or_default` for a random map, which takes seeds of any size (no floats) as Grain's."""
+  return seed_or_default(parent, seed, what, any_size=True, floats="refuse")
 
 
 def default_seed(parent: Any) -> int | None:

@@ -371,8 +371,9 @@ def _decode(state: Any) -> dict[str, Any]:
       raise ValueError(f"DataLoader state has a number of more than {sys.get_int_max_str_digits()} digits "
                        "(damaged or edited?); pass the bytes DataLoaderIterator.get_state() returned.") from e
   if not isinstance(state, dict):
-    raise _NotADictStateError(f"DataLoader state must be the JSON bytes DataLoaderIterator.get_state() returned "
-                              f"(got {type(state).__name__}).")
+    error = _NotADictStateError if isinstance(state, (list, str, int, float, bool)) else _NotBytesStateError
+    raise error(f"DataLoader state must be the JSON bytes DataLoaderIterator.get_state() returned "
+                f"(got {type(state).__name__}).")
   return state
 
 
@@ -382,6 +383,14 @@ class _NotADictStateError(TypeError, ValueError):
   A TypeError as Grain's (its `state["worker_count"]` on a str or list), which
   clients catch; also a ValueError, as loader raised before.
   """
+
+
+class _NotBytesStateError(_NotADictStateError, AttributeError):
+  """A state that is no bytes, str or dict (None, an object): also the AttributeError of Grain's `state.decode()`."""
+
+
+class _ForeignDictStateError(ValueError, AttributeError):
+  """A dict given as the state that is no DataLoader state: Grain's `state.decode()` raises AttributeError."""
 
 
 class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Iterator):
@@ -466,6 +475,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
 
   def set_state(self, state: bytes) -> None:
     """Moves to `state`: from this pipeline's `get_state()` (any worker count) or Grain's DataLoader."""
+    given_dict = isinstance(state, dict)
     state = _decode(state)
     self._ended = self._exhausted = False
     if state.get("format") == _STATE_FORMAT:
@@ -473,7 +483,8 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     elif set(state) == _GRAIN_STATE_KEYS:
       self._set_grain_state(state)
     else:
-      raise ValueError(f"Not a DataLoader state (keys {sorted(state)}); expected the bytes "
+      raise (_ForeignDictStateError if given_dict else ValueError)(
+          f"Not a DataLoader state (keys {sorted(state)}); expected the bytes "
                        "DataLoaderIterator.get_state() returned, from loader or Grain 0.2.18 (Grain's states of "
                        "pipelines with a FlatMap are dataset states, which loader cannot resume).")
 

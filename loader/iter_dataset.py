@@ -136,7 +136,8 @@ class IterDataset(grain_interop.IterDataset, Generic[T], metaclass=_IterDatasetM
       # ours, one level further from later random ops (see checks.default_seed).
       seeded._iter_level_seed = True  # pylint: disable=protected-access
       return base.rebase(seeded)
-    return sequential.WithSeedIterDataset(self, checks.check_seed(seed, "seed()", any_size=True))
+    return sequential.WithSeedIterDataset(self, checks.check_seed(checks.seed_string(seed), "seed()", any_size=True,
+                                                                  floats="refuse"))
 
   def map(self, transform: Callable[[T], S]) -> IterDataset[S]:
     """Applies `transform` to each element."""
@@ -252,7 +253,7 @@ class MapBackedIterDataset(IterDataset[T]):
       raise TypeError(f"Expected a MapDataset (got {type(map_dataset).__name__}).")
     super().__init__(map_dataset)
     if read_options is not None and not isinstance(read_options, options_lib.ReadOptions):
-      raise TypeError(f"read_options must be a loader.ReadOptions (got {read_options!r}).")
+      raise checks.OptionsTypeError(f"read_options must be a loader.ReadOptions (got {read_options!r}).")
     self.read_options = read_options or options_lib.ReadOptions()
     self.allow_nones = bool(allow_nones)
     self.unit = unit

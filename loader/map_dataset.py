@@ -238,7 +238,8 @@ class MapDataset(grain_interop.MapDataset, Generic[T], metaclass=_MapDatasetMeta
     """
     if seed is None:
       return self
-    return _WithSeedMapDataset(self, checks.check_seed(seed, "seed()", any_size=True))
+    return _WithSeedMapDataset(self, checks.check_seed(checks.seed_string(seed), "seed()", any_size=True,
+                                                       floats="refuse"))
 
   def shuffle(self, seed: int | None = None) -> MapDataset[T]:
     """Globally shuffles, with a new permutation in every epoch (Grain's order).
@@ -470,7 +471,7 @@ class ShuffleMapDataset(_IndexMapDataset[T]):
 
   def __init__(self, parent: MapDataset[T], *, seed: int | None = None):
     super().__init__(parent)
-    self._seed = checks.seed_or_default(parent, seed, "shuffle()")
+    self._seed = checks.seed_or_default(parent, seed, "shuffle()", floats="truncate")
     self._parent_len = len(parent)
     # Shuffling after repeat() permutes all sys.maxsize positions, as Grain
     # does: records are drawn without regard to epochs (shuffle first to keep

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from loader import batching
+from loader import checks
 from loader import ipc
 from loader import engine
 from loader import iter_dataset as iter_lib
@@ -1239,7 +1240,7 @@ class MultiprocessPrefetchIterDataset(iter_lib.IterDataset):
     if options is None:
       options = options_lib.MultiprocessingOptions(num_workers=_DEFAULT_NUM_WORKERS)
     if not isinstance(options, options_lib.MultiprocessingOptions):
-      raise TypeError(f"mp_prefetch expects loader.MultiprocessingOptions (got {options!r}).")
+      raise checks.OptionsTypeError(f"mp_prefetch expects loader.MultiprocessingOptions (got {options!r}).")
     if options.num_workers > 0 and options.per_worker_buffer_size < 1:
       size = options.per_worker_buffer_size
       raise ValueError(f"`buffer_size` must be greater than 0, got {size}. (Grain's words: mp_prefetch with "

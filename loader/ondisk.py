@@ -173,6 +173,17 @@ def file_problem(path: str) -> FileProblem | None:
   return None
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def shown(path: str) -> str:
+  """`path` as an error shows it: quoted where it would hide something (blank, a line break or other
+  control character, a space at an end), so the message stays one line and the odd part is seen."""
+  if not path or path != path.strip() or _CONTROL.search(path):
+    return repr(path)
+  return path
+
+
 def one_line(text: Any) -> str:
   """`text` (a library's error, often several lines) on one line, its lines joined with '; '."""
   return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())

@@ -40,6 +40,17 @@ def _validated_setattr(self, name, value):
       raise
 
 
+def _grain_repr(self) -> str:
+  """Grain's repr (its fields only) while loader's own fields keep their defaults: logged or
+  compared option reprs read as on Grain; a set loader-only field shows."""
+  shown = [f for f in dataclasses.fields(self) if f.name in _GRAIN_FIELDS or getattr(self, f.name) != f.default]
+  return f"{type(self).__name__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
+
+
+_GRAIN_FIELDS = frozenset({"num_threads", "prefetch_buffer_size", "num_workers", "per_worker_buffer_size",
+                           "enable_profiling"})
+
+
 @dataclasses.dataclass(slots=True)
 class ReadOptions:
   """How one process computes the elements of a `MapDataset` it iterates.
@@ -73,6 +84,7 @@ class ReadOptions:
     _as_int(self, "chunk_size", minimum=1)
 
   __setattr__ = _validated_setattr
+  __repr__ = _grain_repr
 
 
 @dataclasses.dataclass(slots=True)
@@ -123,3 +135,4 @@ class MultiprocessingOptions:
       raise ValueError(f"workers_run_main must be True or False (got workers_run_main={self.workers_run_main!r}).")
 
   __setattr__ = _validated_setattr
+  __repr__ = _grain_repr

@@ -105,7 +105,11 @@ class IndexSampler:
   def __init__(self, num_records: int, shard_options: sharding.ShardOptions = sharding.NoSharding(),
                shuffle: bool = False, num_epochs: int | None = None, seed: int | None = None):
     self._num_records = _check_num_records(num_records)
+    # The repr shows the arguments as given, as Grain's (num_epochs=2.0, seed=True).
+    self._repr_args = (num_epochs, seed)
     if num_epochs is not None:
+      if isinstance(num_epochs, float) and num_epochs.is_integer():
+        num_epochs = int(num_epochs)  # Grain only multiplies and compares it.
       num_epochs = checks.check_int(num_epochs, "num_epochs", minimum=1)
     if shuffle and seed is None:
       raise ValueError("IndexSampler(shuffle=True) needs a seed, e.g. IndexSampler(..., shuffle=True, seed=0).")
@@ -138,7 +142,7 @@ class IndexSampler:
 
   def __repr__(self) -> str:
     return (f"IndexSampler(num_records={self._num_records}, shard_options={self._shard_options!r}, "
-            f"shuffle={self._shuffle}, num_epochs={self._num_epochs}, seed={self._seed})")
+            f"shuffle={self._shuffle}, num_epochs={self._repr_args[0]}, seed={self._repr_args[1]})")
 
   def __getitem__(self, index: int) -> record.RecordMetadata:
     if index < 0 or (self._max_index is not None and index >= self._max_index):

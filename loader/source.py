@@ -56,21 +56,33 @@ _GROUP_SIZE_RE = re.compile(r"(?:^|,)group_size:(\d+)")
 _CONTENT_SAMPLE_BYTES = 4 << 10
 
 
-def _file_ends(path: str) -> bytes:
-  """A file's size and its first and last `_CONTENT_SAMPLE_BYTES` (see ArrayRecordSource._content_hash)."""
+def _file_ends(path: str) -> bytes | None:
+  """A file's size and its first and last `_CONTENT_SAMPLE_BYTES` (see ArrayRecordSource._content_hash).
+
+  A path that is not a readable file (gone, not allowed, not local) is named
+  by its problem, which does not change from call to call; None where the
+  file cannot be read just now (no file descriptor left, an I/O error): a
+  hash of that error would stand for content that was never read. Reads name
+  the problem; the checkpoint identity must not raise.
+  """
   try:
     fd = os.open(path, os.O_RDONLY)
-  except OSError as e:  # Reads name the problem; the checkpoint identity must not raise.
-    return f"{path}: {e.strerror}".encode()
+  except OSError as e:
+    return f"{path}: {e.strerror}".encode() if e.errno in _LASTING_ERRNOS else None
   try:
     size = os.fstat(fd).st_size
     head = os.pread(fd, _CONTENT_SAMPLE_BYTES, 0)
     tail = os.pread(fd, _CONTENT_SAMPLE_BYTES, max(0, size - _CONTENT_SAMPLE_BYTES))
   except OSError as e:
-    return f"{path}: {e.strerror}".encode()
+    return f"{path}: {e.strerror}".encode() if e.errno in _LASTING_ERRNOS else None
   finally:
     os.close(fd)
   return struct.pack("<Q", size) + head + tail
+
+
+# Errors of `_file_ends` that say what the path is, not what the system is going through.
+_LASTING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM,
+                             errno.ENAMETOOLONG, errno.ELOOP})
 
 @runtime_checkable
 class RandomAccessDataSource(Protocol[T]):
@@ -224,8 +236,31 @@ def _check_file(path: str) -> None:
     return
   if problem.kind in ("missing", "broken link"):
     link = f": it {problem.what}; {problem.fix}." if problem.kind == "broken link" else _tilde_hint(path)
-    raise MissingFileError(f"ArrayRecord file not found: {path}{link}")
-  raise NotArrayRecordError(f"{path} is not an ArrayRecord file: it {problem.what}; {problem.fix}.")
+    if not link and path != path.strip():
+      link = f": its name has a space or line break at an end; strip it ({path.strip()!r})."
+    raise MissingFileError(f"ArrayRecord file not found: {ondisk.shown(path)}{link}")
+  raise NotArrayRecordError(f"{ondisk.shown(path)} is not an ArrayRecord file: it {problem.what}; {problem.fix}.")
+
+
+def _refuse_manifest(path: str, given: str) -> None:
+  """A converted folder's manifest given as a data file (directly, or matched by `folder/*`): say to pass the folder."""
+  if os.path.basename(path) != MANIFEST_NAME:
+    return
+  folder = os.path.dirname(path) or "."
+  how = "is" if path == given else f"matches {ondisk.shown(path)}, which is"
+  raise NotArrayRecordError(
+      f"{given!r} {how} the manifest of a converted folder, not an ArrayRecord file: pass the folder itself "
+      f"({folder!r}), which reads the shards its manifest lists.")
+
+
+def _tfrecords_hint(directory: str) -> str:
+  """Advice for a folder that holds TFRecord files instead of ArrayRecord ones."""
+  tfrecords = sorted(f for f in glob.glob(os.path.join(glob.escape(directory), "*tfrecord*")) if os.path.isfile(f))
+  if not tfrecords:
+    return ""
+  return (f"; it holds TFRecord files ({os.path.basename(tfrecords[0])!r}"
+          f"{f' and {len(tfrecords) - 1} more' if len(tfrecords) > 1 else ''}): convert them first with "
+          f"arrayrecord-convert --input {shlex.quote(os.path.join(directory, '*'))} --output OUT_DIR, then pass OUT_DIR")
 
 
 def _tilde_hint(path: str) -> str:
@@ -400,10 +435,14 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
   if not items:
     raise ValueError("ArrayRecordSource needs at least one path (got an empty list).")
   files: list[tuple[str, int | None]] = []
-  for item in items:
+  for i, item in enumerate(items):
     p = os.fspath(item)
     if not isinstance(p, str):
       raise TypeError(f"Paths must be str or os.PathLike (got {item!r}).")
+    if not p.strip():
+      raise MissingFileError(
+          f"Path {i} of the {len(items)} given is blank ({p!r}); a file list read with .split('\\n') ends in "
+          "one: leave blank entries out, e.g. [p for p in paths if p.strip()].")
     if os.path.isdir(p):
       if os.path.exists(os.path.join(p, MANIFEST_NAME)):
         files.extend(_read_manifest(p))
@@ -411,16 +450,19 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
       found = sorted(f for f in glob.glob(os.path.join(glob.escape(p), "*.array_record*"))
                      if os.path.isfile(f))
       if not found:
-        raise MissingFileError(
-            f"Directory {p} has neither a {MANIFEST_NAME} nor any *.array_record* files.")
+        raise MissingFileError(f"Directory {ondisk.shown(p)} has neither a {MANIFEST_NAME} nor any "
+                               f"*.array_record* files{_tfrecords_hint(p)}.")
       _check_complete_directory(p, found)
       files.extend((f, None) for f in found)
     elif os.path.isfile(p):  # A name with [ ] or * that exists is that file, as Grain reads it.
+      _refuse_manifest(p, p)
       files.append((p, None))
     elif glob.has_magic(p):
       found = sorted(f for f in glob.glob(p) if os.path.isfile(f))
       if not found:
         raise MissingFileError(f"No files match the pattern {p!r}{_tilde_hint(p) or '.'}")
+      for f in found:
+        _refuse_manifest(f, p)
       files.extend((f, None) for f in found)
     else:  # Missing, a broken link or a loop, a FIFO or device: one line saying which.
       _check_file(p)
@@ -644,8 +686,17 @@ class ArrayRecordSource:
     # The repr names the source in checkpoints (MapDataset states, DataLoader
     # states): files_hash tells other files, or the same files in another
     # order, apart even with equal counts (see _files_hash).
-    return (f"ArrayRecordSource({len(self._paths)} files, {self._len} records, files_hash={self._files_hash()}, "
-            f"content_hash={self._content_hash()})")
+    return (f"ArrayRecordSource({len(self._paths)} files, {self._len} records, files_hash={self._files_hash()}"
+            f"{self._content_part()})")
+
+  def _content_part(self) -> str:
+    """", content_hash=..." of the repr; nothing while describing a pipeline as states saved before it did,
+    or where a file cannot be read now (a state saved then resumes as one saved before content hashes)."""
+    from loader import state as state_lib  # pylint: disable=g-import-not-at-top
+    if state_lib.describing_without_content_hashes():
+      return ""
+    content = self._content_hash()
+    return "" if content is None else f", content_hash={content}"
 
   def _files_hash(self) -> str:
     """8 hex digits of the files' names (not directories) and record counts, in order.
@@ -659,20 +710,26 @@ class ArrayRecordSource:
       cached = self._files_hash_value = hashlib.sha1(names.encode()).hexdigest()[:8]
     return cached
 
-  def _content_hash(self) -> str:
+  def _content_hash(self) -> str | None:
     """8 hex digits of the files' sizes and their first and last 4 KiB, in order.
 
     Tells apart files of the same names and record counts that hold other
     records (regenerated with another seed, re-converted from other input),
     so a checkpoint is not resumed on them. The head holds the first chunk's
     header with its data hash and the tail the index of chunk offsets; the
-    whole files are not read (10k files cost 80 MB, not terabytes).
+    whole files are not read (10k files cost 80 MB, not terabytes). None
+    (and not cached: the next call reads again) where a file cannot be read
+    now, e.g. with no file descriptor left: a hash of the error would name
+    other content, and every state saved with it would be refused.
     """
     cached = self.__dict__.get("_content_hash_value")
     if cached is None:
       digest = hashlib.blake2b(digest_size=4)
       for path in self._paths:
-        digest.update(_file_ends(path))
+        ends = _file_ends(path)
+        if ends is None:
+          return None
+        digest.update(ends)
       cached = self._content_hash_value = digest.hexdigest()
     return cached
 

@@ -88,6 +88,13 @@ class RecordKeyError(ValueError, IndexError):
   """A record key outside [0, len): Grain raises a ValueError, sequences an IndexError."""
 
 
+class RangeArgumentError(ValueError, AssertionError):
+  """A RangeDataSource step of 0 or a negative length: Grain 0.2.18 asserts them (AssertionError)."""
+
+
+_MAX_NAMED_REPR = 120  # SourceMapDataset._source_text's limit.
+
+
 class ArrayRecordDataSource(source_lib.ArrayRecordSource):
   """Grain's `ArrayRecordDataSource`, read in batches by loader's pipelines.
 
@@ -154,7 +161,10 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
     text = f"ArrayRecordDataSource({len(self.paths)} files, {len(self)} records, files_hash={self._files_hash()}"
     if self._ranges is not None:
       text += f", ranges_hash={self._ranges['hash']}"
-    return text + f", content_hash={self._content_hash()})"
+    content = self._content_part()
+    # MapDataset.source names a source whose repr is over 120 characters by its length alone (see
+    # SourceMapDataset._source_text): the content hash is left out rather than the names and ranges too.
+    return text + (content if len(text) + len(content) < _MAX_NAMED_REPR else "") + ")"
 
   def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
     """Records at `indices` (any order, repeats allowed), one batched read per file."""
@@ -190,15 +200,15 @@ class RangeDataSource:
   def __init__(self, start: int, stop: int, step: int):
     for name, value in (("start", start), ("stop", stop), ("step", step)):
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"RangeDataSource {name} must be an integer (got {name}={value!r}).")
-    if step == 0:
-      raise ValueError("RangeDataSource step must not be 0 (got step=0).")
+        raise checks.ArgumentTypeError(f"RangeDataSource {name} must be an integer (got {name}={value!r}).")
+    if step == 0:  # Grain asserts these two.
+      raise RangeArgumentError("RangeDataSource step must not be 0 (got step=0).")
     self._start, self._stop, self._step = int(start), int(stop), int(step)
     # Grain's length is ceil((stop - start) / step), and it rejects a negative
     # one (where `range` would be empty).
     self._len = -((self._start - self._stop) // self._step)
     if self._len < 0:
-      raise ValueError(f"RangeDataSource({start}, {stop}, {step}) would have a negative length; "
+      raise RangeArgumentError(f"RangeDataSource({start}, {stop}, {step}) would have a negative length; "
                        "use stop >= start for step > 0 and stop <= start for step < 0.")
 
   def __len__(self) -> int:

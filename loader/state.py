@@ -25,8 +25,10 @@ resumed at a different element.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -96,14 +98,62 @@ def _clean(text: str) -> str:
   return text if len(text) <= _MAX_OP_CHARS else text[:_MAX_OP_CHARS - 3] + "..."
 
 
+class Description(list):
+  """What `describe` returns: the operation strings, and `legacy`, the pipeline as described before
+  sources named their content's hash (None where that is the same)."""
+
+  legacy: list[str] | None = None
+
+
+_LEGACY = threading.local()
+
+
+def describing_without_content_hashes() -> bool:
+  """Whether `describe` is describing a pipeline as it did before sources named their content's hash.
+
+  Sources' reprs leave it out then. Removing it from the finished strings is not
+  enough: an operation that embeds its inputs' descriptions (ElasticIterator,
+  an interleave of a MapDataset of datasets) was clipped to 160 characters or
+  hashed with it, and a repr over 120 characters names the source by its length.
+  """
+  return getattr(_LEGACY, "on", False)
+
+
+@contextlib.contextmanager
+def _without_content_hashes():
+  before = describing_without_content_hashes()
+  _LEGACY.on = True
+  try:
+    yield
+  finally:
+    _LEGACY.on = before
+
+
 def describe(ds: Any) -> list[str]:
   """The pipeline of `ds` as a list of operation strings, sources first.
 
   Works on MapDataset and IterDataset trees (anything with `parents`). A node
-  with several parents is one entry listing its inputs' descriptions.
+  with several parents is one entry listing its inputs' descriptions. The
+  list is a `Description`, whose `legacy` is the description of before
+  sources named their content's hash, which states saved then fingerprint.
   """
+  ops = _describe(ds)
+  if describing_without_content_hashes():
+    return ops
+  out = Description(ops)
+  if any(_CONTENT_IDENTITY.search(op) for op in ops):
+    try:
+      with _without_content_hashes():
+        legacy = _describe(ds)
+    except Exception:  # pylint: disable=broad-except  # Then only the strings with the hash removed are tried.
+      legacy = None
+    out.legacy = legacy if legacy != ops else None
+  return out
+
+
+def _describe(ds: Any) -> list[str]:
   if getattr(ds, "_state_transparent", False):
-    return describe(ds._parents[0])  # pylint: disable=protected-access
+    return _describe(ds._parents[0])  # pylint: disable=protected-access
   parents = tuple(getattr(ds, "parents", ()) or ())
   if getattr(ds, "_state_hides_inputs", False):
     parents = ()  # Its own state checks each input (IterDataset.mix: the mixture may change on resume).
@@ -112,8 +162,8 @@ def describe(ds: Any) -> list[str]:
   if not parents:
     return [op]
   if len(parents) == 1:
-    return describe(parents[0]) + [op]
-  inputs = " | ".join(" ".join(describe(p)) for p in parents)
+    return _describe(parents[0]) + [op]  # Not `describe`: the legacy description is made once, at the top.
+  inputs = " | ".join(" ".join(_describe(p)) for p in parents)
   return [f"{op}[{inputs}]"]
 
 
@@ -247,8 +297,9 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
         f"{owner}.set_state expects the dict returned by get_state() (got {type(state).__name__}: {state!r:.200}).")
   version = state.get(VERSION_KEY)
   saved = state.get(PIPELINE_KEY)
+  legacy = getattr(description, "legacy", None)
   if version == VERSION and isinstance(saved, list) and all(checks.is_int(h) for h in saved):
-    _check_fingerprint([int(h) for h in saved], list(description), owner)
+    _check_fingerprint([int(h) for h in saved], list(description), owner, legacy)
     return
   if (version in _BATCH_COUNTING_VERSIONS and isinstance(saved, list)
       and not any("to_iter_dataset(unit=" in str(op) for op in saved)
@@ -263,18 +314,18 @@ def check(state: Any, description: Sequence[str], owner: str) -> None:
     raise StateMismatchError(
         f"{owner}.set_state: the state's {PIPELINE_KEY!r} entry is damaged: {saved!r:.200}; it was edited or "
         "written by other code: restore a state exactly as get_state() returned it, or start the iterator afresh.")
-  _check_text(saved, list(description), owner)
+  _check_text(saved, list(description), owner, legacy)
 
 
 _ON_PURPOSE = (" If the pipeline was changed on purpose, set_state(loader.state.strip(state)) resumes at the "
                "state's position where that is exact, as Grain would.")
 
 
-def _check_fingerprint(saved: list[int], mine: list[str], owner: str) -> None:
+def _check_fingerprint(saved: list[int], mine: list[str], owner: str, legacy: list[str] | None = None) -> None:
   ops, ours = _unfold_batches(mine), fingerprint(mine)
   if saved == ours or _same_but_for_folding(saved, ops):
     return
-  if _saved_before_content_hashes(saved, mine):
+  if _saved_before_content_hashes(saved, mine, legacy):
     return
   for i, (a, b) in enumerate(zip(saved, ours)):
     if a != b:
@@ -294,24 +345,35 @@ def _check_fingerprint(saved: list[int], mine: list[str], owner: str) -> None:
       f"(this pipeline: {' -> '.join(ops)}).{_ON_PURPOSE}")
 
 
-def _saved_before_content_hashes(saved: list[int], mine: list[str]) -> bool:
+def _saved_before_content_hashes(saved: list[int], mine: list[str], legacy: list[str] | None = None) -> bool:
   """Whether `saved` fingerprints `mine` as described before sources named their content's hash.
 
-  Such a state cannot vouch for the files' content; it resumes as it did then.
+  `legacy` is that description where `describe` made it (see Description);
+  otherwise the hashes are removed from `mine`'s strings. Such a state cannot
+  vouch for the files' content; it resumes as it did then.
   """
-  legacy = [_CONTENT_IDENTITY.sub("", op) for op in mine]
-  if legacy == mine:
-    return False
-  return saved == fingerprint(legacy) or _same_but_for_folding(saved, _unfold_batches(legacy))
+  for old in (legacy, [_CONTENT_IDENTITY.sub("", op) for op in mine]):
+    if old is None or list(old) == mine:
+      continue
+    if saved == fingerprint(old) or _same_but_for_folding(saved, _unfold_batches(old)):
+      return True
+  return False
 
 
-def _check_text(saved: list[str], mine: list[str], owner: str) -> None:
+def _check_text(saved: list[str], mine: list[str], owner: str, legacy: list[str] | None = None) -> None:
   """`check` of a version 4 (or older) state, which describes its pipeline with strings."""
   if saved == mine or same_but_for_source_identity(saved, mine):
     return
   unfolded_saved, unfolded_mine = _unfold_batches(saved), _unfold_batches(mine)
   if unfolded_saved == unfolded_mine or same_but_for_source_identity(unfolded_saved, unfolded_mine):
     return
+  if legacy is not None and not any(_CONTENT_IDENTITY.search(t) for t in saved):  # Saved before content hashes.
+    legacy = list(legacy)
+    if saved == legacy or _unfold_batches(saved) == _unfold_batches(legacy):
+      return
+    if (same_but_for_source_identity(saved, legacy)
+        or same_but_for_source_identity(_unfold_batches(saved), _unfold_batches(legacy))):
+      return
   for i, (a, b) in enumerate(zip(saved, mine)):
     if a != b:
       hint = (" (the same number of files and records, but other file names or the files in another order)"

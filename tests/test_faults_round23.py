@@ -3,8 +3,7 @@ toolkit; file size limits for iterator states and example data; Beam runner flag
 waited in silence; input patterns that match only outputs; and state files that are link loops or from a newer
 toolkit.
 
-Found by the 2026-12-06 fault audit, each case run against the real CLI or loader before the fix (the last
-test is an expected failure: its fix belongs in loader/source.py):
+Found by the 2026-12-06 fault audit, each case run against the real CLI or loader before the fix:
 
 - `arrayrecord-dataflow --dry-run` stopped by Ctrl-C (the terminal signals the whole process group) printed
   the KeyboardInterrupt tracebacks of Beam's child processes (the sdist build, `pip freeze`) around a bare
@@ -39,6 +38,11 @@ test is an expected failure: its fix belongs in loader/source.py):
 - `loader.restore_state` of a state file of a later format version said only "has state version 2; this
   loader reads version 1", not that a newer arrayrecord-toolkit wrote it, nor what to do; a DataLoader state
   of a later version likewise ("is not supported (this loader reads versions 1 to 3)").
+- `ArrayRecordSource([shard, ""])` (a file list read with `.split("\n")`) said "ArrayRecord file not found: "
+  and named nothing; a path ending in a line break gave a message on two lines, the cause unseen.
+- `ArrayRecordSource("out/*")` over a converted folder (and `ArrayRecordSource("out/manifest.json")`) failed
+  on the manifest as "not an ArrayRecord file" without saying to pass the folder itself; a folder of TFRecord
+  files said only that it has no ArrayRecord files, not to convert them first.
 
 Checked and already handled in this round (no test added, each ran for real): a 0-byte, a cut, a garbage and a
 TFRecord file given to ArrayRecordSource; an empty shard (and repeat() over it, with and without workers); a
@@ -332,8 +336,6 @@ def test_save_state_under_a_broken_link_names_the_link_not_a_file(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["ckpt"] and os.path.islink(tmp_path / "ckpt")
 
 
-@pytest.mark.xfail(strict=True, reason="needs a change in loader/source.py (_resolve_paths / _check_file), which "
-                   "the lead owns: name a blank path, and show a path's trailing line break or space escaped")
 def test_a_blank_path_or_one_ending_in_a_line_break_is_named_as_such(tmp_path):
   ft.make_dataset(str(tmp_path / "in"), 1, 3, 16)
   assert convert.main(["--input", str(tmp_path / "in" / "*"), "--output", str(tmp_path / "out"), "--quiet"]) == 0
@@ -342,6 +344,27 @@ def test_a_blank_path_or_one_ending_in_a_line_break_is_named_as_such(tmp_path):
   with pytest.raises(FileNotFoundError) as e:
     loader.ArrayRecordSource([shard, ""])
   assert "empty" in str(e.value) or "blank" in str(e.value), str(e.value)  # Was "ArrayRecord file not found: ".
+  assert "Path 1 of the 2 given is blank" in str(e.value), str(e.value)
   with pytest.raises(FileNotFoundError) as e:
     loader.ArrayRecordSource([shard + "\n"])
   assert "\n" not in str(e.value), str(e.value)  # Was on two lines, the cause invisible.
+  assert f"strip it ({shard!r})" in str(e.value), str(e.value)
+
+
+def test_a_converted_folders_manifest_given_as_data_says_to_pass_the_folder(tmp_path):
+  ft.make_dataset(str(tmp_path / "in"), 2, 3, 16)
+  out = str(tmp_path / "out")
+  assert convert.main(["--input", str(tmp_path / "in" / "*"), "--output", out, "--quiet"]) == 0
+  for given in (os.path.join(out, "*"), os.path.join(out, "manifest.json")):
+    with pytest.raises(ValueError) as e:  # Was: "... manifest.json is not an ArrayRecord file", no way out.
+      loader.ArrayRecordSource(given)
+    message = str(e.value)
+    assert "manifest of a converted folder" in message and f"pass the folder itself ({out!r})" in message, message
+  assert len(loader.ArrayRecordSource(out)) == 6
+
+
+def test_a_folder_of_tfrecords_says_to_convert_it_first(tmp_path):
+  ft.make_dataset(str(tmp_path / "in"), 2, 3, 16)
+  with pytest.raises(FileNotFoundError) as e:  # Was: "has neither a manifest.json nor any *.array_record* files."
+    loader.ArrayRecordSource(str(tmp_path / "in"))
+  assert "holds TFRecord files" in str(e.value) and "arrayrecord-convert --input" in str(e.value), str(e.value)

@@ -41,6 +41,8 @@ def batch_and_pad(values: Sequence[T], *, batch_size: int, pad_value: Any = 0) -
     The batched elements, every leaf with a leading axis of `batch_size`
     (dict keys sorted, as in Grain).
   """
+  if isinstance(batch_size, float) and batch_size.is_integer():
+    batch_size = int(batch_size)  # Grain only compares and subtracts it: batch_size=2.0 works there.
   batch_size = checks.check_int(batch_size, "batch_size", minimum=1)
   if not values:
     raise ValueError("Cannot batch 0 values.")

@@ -54,7 +54,7 @@ class FlatMapMapDataset(map_lib.MapDataset[T]):
       raise ValueError(
           f"FlatMapMapDataset needs transform.max_fan_out, the most elements one input can split into "
           f"(got {transform!r} without it); set it on your FlatMap class, or use FlatMapIterDataset.")
-    self._max_fan_out = checks.check_int(max_fan_out, "max_fan_out", minimum=1)
+    self._max_fan_out = checks.check_int(max_fan_out, "max_fan_out", minimum=1, range_error=checks.ZeroSizeError)
     self._transform = transform
     self._flat_map = checks.resolve_fn(transform, "flat_map", "FlatMapMapDataset")
 

@@ -81,7 +81,7 @@ class InterleaveIterDataset(iter_lib.IterDataset[T]):
     if not checks.is_int(cycle_length):
       raise TypeError(f"cycle_length must be a positive integer (got {cycle_length!r}); "
                       "autotuned cycle lengths are not supported.")
-    self._cycle_length = checks.check_int(cycle_length, "cycle_length", minimum=1)
+    self._cycle_length = checks.check_int(cycle_length, "cycle_length", minimum=1, range_error=checks.EmptyCycleError)
     checks.check_int(num_make_iter_threads, "num_make_iter_threads", minimum=0)
     checks.check_int(make_iter_buffer_size, "make_iter_buffer_size", minimum=0)
     self._iter_buffer_size = checks.check_int(iter_buffer_size, "iter_buffer_size", minimum=0)

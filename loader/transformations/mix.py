@@ -66,7 +66,16 @@ def _check_weight(w: Any, name: str) -> float:
   if not isinstance(w, numbers.Real) and getattr(w, "shape", None) == () and hasattr(w, "__float__"):
     w = float(w)  # A JAX scalar, or a 0-d array.
   if not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
-    raise ValueError(f"Mixing weights must be positive finite numbers (got {name}={w!r}).")
+    # Also the type Grain 0.2.18 fails with on such a weight: it compares it (a string: TypeError),
+    # takes int(inf) (OverflowError), or divides by a sum of 0 ([1, -1]: ZeroDivisionError). A zero
+    # weight is Grain's plain ValueError.
+    if not isinstance(w, numbers.Real):
+      error = checks.ArgumentTypeError
+    elif math.isinf(w):
+      error = checks.WeightOverflowError
+    else:
+      error = checks.ZeroSizeError if w < 0 else ValueError
+    raise error(f"Mixing weights must be positive finite numbers (got {name}={w!r}).")
   return w
 
 

@@ -34,6 +34,8 @@ class RepeatIterDataset(iter_lib.SequentialIterDataset[T]):
   def __init__(self, parent: iter_lib.IterDataset[T], num_epochs: int | None = None):
     super().__init__(parent)
     if num_epochs is not None:
+      if isinstance(num_epochs, float) and num_epochs.is_integer():
+        num_epochs = int(num_epochs)  # Grain counts epochs up to it: RepeatIterDataset(ds, 2.0) works there.
       num_epochs = checks.check_int(num_epochs, "num_epochs", minimum=1)
     self._num_epochs = num_epochs
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from loader import checks
 from loader import dataset_options
 from loader.dataset_iterator import DatasetIterator
 from loader.iter_dataset import IterDataset
@@ -27,7 +28,7 @@ class WithOptionsIterDataset(SequentialIterDataset[T]):
   def __init__(self, parent: IterDataset[T], options: dataset_options.DatasetOptions):
     super().__init__(parent)
     if not isinstance(options, dataset_options.DatasetOptions):
-      raise TypeError(f"options must be a loader.experimental.DatasetOptions (got {options!r}).")
+      raise checks.OptionsTypeError(f"options must be a loader.experimental.DatasetOptions (got {options!r}).")
     self.options = options
 
   def _op_repr(self) -> str:
