@@ -202,9 +202,9 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
         "over one); use set_state() elsewhere.")
 
   def _assert_not_closed(self) -> None:
-    """Raises ValueError after close() (Grain's helper, which custom iterators call in __next__)."""
+    """Raises ValueError after close() (Grain's helper, which custom iterators call in __next__), in Grain's words."""
     if self._closed:
-      raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+      raise ValueError(f"Trying to advance a closed iterator: '{self}'.")
 
   def start_prefetch(self) -> None:
     """Starts background work (threads, worker processes) before the first `next`.

@@ -51,7 +51,9 @@ def permute_in_windows(offsets: np.ndarray, seeds: np.ndarray, sizes: np.ndarray
 
 
 def _check_args(window_size: Any, seed: Any, what: str) -> tuple[int, int]:
-  return checks.check_int(window_size, "window_size", minimum=1), checks.check_seed(seed, what)
+  # Grain's window shuffle divides by the window size, and its C++ index_shuffle takes uint32 seeds only.
+  return (checks.check_int(window_size, "window_size", minimum=1, range_error=checks.ZeroSizeError),
+          checks.check_seed(seed, what, floats="refuse", range_error=checks.RangeTypeError))
 
 
 class WindowShuffleMapDataset(map_lib.MapDataset[T]):
@@ -133,6 +135,9 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
     self._window: list[Any] | None = None  # The shuffled window being handed out.
     self._pos = 0
     self._window_start_state: Any = None
+    # The last fill reached the parent's end: once its window is handed out,
+    # the stream ends (Grain's `_parent_exhausted`).
+    self._parent_exhausted = False
     # A window whose filling an element's error interrupted: (its start state,
     # the elements read). As in Grain, the next call goes on filling it after
     # the failed element (which the parent has consumed).
@@ -151,7 +156,7 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
       while len(elements) < self._window_size:
         elements.append(next(parent))
     except StopIteration:
-      pass
+      self._parent_exhausted = True
     except Exception:
       self._partial = (self._window_start_state, elements)
       raise
@@ -165,11 +170,14 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
 
   def __next__(self) -> T:
     if self._window is not None and self._pos >= len(self._window):
+      if self._parent_exhausted:  # The last, shorter window is spent (Grain's state stays at its end).
+        raise StopIteration
       self._window, self._pos = None, 0
       self._window_index += 1
     if self._window is None:
       self._fill()
     x = self._window[self._pos]
+    self._window[self._pos] = None  # Handed out (as Grain pops it); the spent window keeps only its length.
     self._pos += 1
     return x
 
@@ -177,11 +185,15 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
     window, pos, w = self._window, self._pos, self._window_index
     if self._partial is not None:  # Restoring re-reads the interrupted window from its start.
       return {"parent_window_start_state": self._partial[0], "window_index": w, "pos_in_window": 0}
-    if window is None or pos >= len(window):
-      # Between windows: the parent is at the next window's start.
-      return {"parent_window_start_state": self._parent.get_state(),
-              "window_index": w + (window is not None), "pos_in_window": 0}
-    return {"parent_window_start_state": self._window_start_state, "window_index": w, "pos_in_window": pos}
+    if window is None:
+      # Before the first window: the parent's position; after a fill that found
+      # no element (the end): where that fill started, as Grain's.
+      start = self._parent.get_state() if self._window_start_state is None else self._window_start_state
+      return {"parent_window_start_state": start, "window_index": w, "pos_in_window": 0}
+    # As Grain's: a spent window keeps its start and count, its window_index
+    # already the next window's (a restore re-reads it and goes on after it).
+    return {"parent_window_start_state": self._window_start_state, "window_index": w + (pos >= len(window)),
+            "pos_in_window": pos}
 
   def set_state(self, state: dict[str, Any]) -> None:
     owner = type(self).__name__
@@ -190,6 +202,7 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
     pos = checks.check_int(state["pos_in_window"], "pos_in_window", minimum=0, maximum=self._window_size)
     self._parent.set_state(state["parent_window_start_state"])
     self._window, self._pos, self._window_index, self._partial = None, 0, w, None
+    self._parent_exhausted, self._window_start_state = False, None
     if pos:
       self._fill()
       if pos > len(self._window):
@@ -199,5 +212,5 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
       self._pos = pos
       if pos == len(self._window):
         # Grain's state after a window's last element: its window_index is
-        # already the next window's, and the parent goes on after this one.
-        self._window, self._pos = None, 0
+        # already the next window's; the spent window is kept, as Grain's.
+        self._window_index = max(w - 1, 0)
