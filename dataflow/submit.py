@@ -149,27 +149,6 @@ class _Signalled(BaseException):
     self.name = signal.Signals(signum).name
 
 
-@contextlib.contextmanager
-def _signals_unwind() -> Iterator[None]:
-  """SIGTERM (`kill`, `timeout`) and SIGHUP unwind the dry run as Ctrl-C does, so it can clean up.
-
-  Left as they are when the caller ignores them (nohup) or set its own handler.
-  """
-  old = {}
-  if threading.current_thread() is threading.main_thread():
-    def on_signal(signum, frame):
-      del frame
-      raise _Signalled(signum)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-      if signal.getsignal(signum) is signal.SIG_DFL:
-        old[signum] = signal.signal(signum, on_signal)
-  try:
-    yield
-  finally:
-    for signum, handler in old.items():
-      signal.signal(signum, handler)
-
-
 class SdistBuildError(ConversionError):
   """Beam could not build the toolkit's sdist that the workers install (--setup_file)."""
 
@@ -358,7 +337,7 @@ def dry_run(request: flags.Request) -> Submission:
   from dataflow import beam_internals
   folder = request.dry_run_dir
   try:
-    with _signals_unwind():
+    with cli.signals_raise(_Signalled):  # SIGTERM, SIGHUP unwind as Ctrl-C does, to clean up.
       created = _claim_dry_run_dir(folder)
       try:
         p = build_pipeline(request, beam_internals.DRY_RUN_FLAGS)

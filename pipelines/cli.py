@@ -7,8 +7,10 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -251,3 +253,25 @@ def worker_stderr_held_back(worker_processes: int | None) -> Iterator[None]:
         if text:
           previous.flush()
           os.write(2, text)
+
+
+@contextlib.contextmanager
+def signals_raise(error: Callable[[int], BaseException]) -> Iterator[None]:
+  """Within: SIGTERM (`kill`, `timeout`) and SIGHUP raise `error(signum)`, so the run unwinds as on Ctrl-C.
+
+  Left as they are off the main thread, and where the caller ignores them
+  (nohup) or set its own handler.
+  """
+  old = {}
+  if threading.current_thread() is threading.main_thread():
+    def on_signal(signum, frame):
+      del frame
+      raise error(signum)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+      if signal.getsignal(signum) is signal.SIG_DFL:
+        old[signum] = signal.signal(signum, on_signal)
+  try:
+    yield
+  finally:
+    for signum, handler in old.items():
+      signal.signal(signum, handler)

@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import sys
-import threading
 from typing import Any, Sequence
 
 if __name__ == "__main__":  # `python -m`: run as the console script (a missing extra, Ctrl-C at start-up: one line).
@@ -355,24 +354,6 @@ class _Stopped(Exception):
     self.name, self.code = signal.Signals(signum).name, 128 + signum
 
 
-@contextlib.contextmanager
-def _stopped_by_signals():
-  """SIGTERM and SIGHUP end the check with one line (Ctrl-C's KeyboardInterrupt does already)."""
-  old = {}
-  if threading.current_thread() is threading.main_thread():
-    def on_signal(signum, frame):
-      del frame
-      raise _Stopped(signum)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-      if signal.getsignal(signum) is signal.SIG_DFL:
-        old[signum] = signal.signal(signum, on_signal)
-  try:
-    yield
-  finally:
-    for signum, handler in old.items():
-      signal.signal(signum, handler)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   cli.printable_streams()
   p = cli.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=(
@@ -391,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return cli.fail(PROG, f"--output {args.output} {what}: give the directory the conversion wrote "
                           "(arrayrecord-convert --output).")
   try:
-    with _stopped_by_signals():
+    with cli.signals_raise(_Stopped):
       checks = verify(args.input, args.output, args.compression, args.on_corrupt)
       manifest = read_manifest(args.output)
       manifest_problems = check_manifest(manifest or {}, args.output)
