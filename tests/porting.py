@@ -111,6 +111,32 @@ def script_output(source: str, lib: str, directory: str | os.PathLike, *args: st
 # Snippet source: a logging handler that keeps the warnings' messages (`Capture().messages`).
 # The classes of Grain 0.2.18's docs/data_loader/transformations.md, as the
 # page writes them (two test files port that page's cells around them).
+# Snippet text: a state before every element, restored on a fresh iterator of a
+# new dataset (a preemption) and, with `same_after_end`, on the same iterator
+# after it ran to the end; each must give the rest again. Needs the snippet's
+# own `plain_eq(a, b)`.
+RESTORE_AT_EVERY_STEP = """
+def restore_at_every_step(make, same_after_end=True):
+  it = iter(make())
+  states, reference = [], []
+  while True:
+    states.append(it.get_state())
+    try:
+      reference.append(next(it))
+    except StopIteration:
+      break
+  out = []
+  for k, state in enumerate(states):
+    fresh = iter(make())
+    fresh.set_state(state)
+    pair = [plain_eq(list(fresh), reference[k:])]
+    if same_after_end:
+      it.set_state(state)
+      pair.append(plain_eq(list(it), reference[k:]))
+    out.append(pair)
+  return reference, out
+"""
+
 TRANSFORMATIONS_PAGE_CLASSES = """
 class PlusOne(grain.transforms.Map):
 

@@ -56,29 +56,7 @@ def raises_with_message(f):
   return None
 
 
-def restore_at_every_step(make, same_after_end=True):
-  # Takes a state before every element; restores it on a fresh iterator of a new
-  # dataset (a preemption) and on the same iterator after it ran to the end.
-  it = iter(make())
-  states, reference = [], []
-  while True:
-    states.append(it.get_state())
-    try:
-      reference.append(next(it))
-    except StopIteration:
-      break
-  out = []
-  for k, state in enumerate(states):
-    fresh = iter(make())
-    fresh.set_state(state)
-    rest_fresh = list(fresh)
-    pair = [plain_eq(rest_fresh, reference[k:])]
-    if same_after_end:  # The iterator that ran to the end, restored.
-      it.set_state(state)
-      pair.append(plain_eq(list(it), reference[k:]))
-    out.append(pair)
-  return reference, out
-
+""" + porting.RESTORE_AT_EVERY_STEP + """
 
 def plain_eq(a, b):
   try:

@@ -84,27 +84,7 @@ def plain_eq(a, b):
     return False
 
 
-def restore_at_every_step(make):
-  # A state before every element, restored on a fresh iterator (a preemption)
-  # and on the iterator that ran to the end; each must give the rest again.
-  it = iter(make())
-  states, reference = [], []
-  while True:
-    states.append(it.get_state())
-    try:
-      reference.append(next(it))
-    except StopIteration:
-      break
-  out = []
-  for k, state in enumerate(states):
-    fresh = iter(make())
-    fresh.set_state(state)
-    pair = [plain_eq(list(fresh), reference[k:])]
-    it.set_state(state)
-    pair.append(plain_eq(list(it), reference[k:]))
-    out.append(pair)
-  return reference, out
-"""
+""" + porting.RESTORE_AT_EVERY_STEP
 
 SOME_TEXT = [
     [f"This is the first file the {o} record" for o in ("first", "second", "third", "forth")],
