@@ -85,6 +85,14 @@ def _source_repr(source: Any) -> str:
   return _stable_repr(source)
 
 
+def _sampler_repr_before_given_args(sampler: Any) -> str | None:
+  """An IndexSampler's repr as DataLoader states saved before its repr showed the arguments as given
+  (seed=True, not seed=1) name it; None for other samplers."""
+  if type(sampler).__repr__ is not samplers_lib.IndexSampler.__repr__:
+    return None
+  return _ADDRESS.sub("", sampler._repr_before_given_args())  # pylint: disable=protected-access
+
+
 def _repr_before_short_sources(source: Any) -> str | None:
   """A MapDataset data_source's repr as states saved before short source reprs name it; None if the same."""
   chain = []
@@ -503,7 +511,9 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     differ = [(key, mine) for key, mine in self._data_loader._fingerprint().items()  # pylint: disable=protected-access
               if state.get(key) != mine and not state_lib.same_but_for_source_identity(state.get(key), mine)
               and not (key == "data_source" and state.get(key) is not None
-                       and state.get(key) == _repr_before_short_sources(source))]
+                       and state.get(key) == _repr_before_short_sources(source))
+              and not (key == "sampler" and state.get(key) is not None
+                       and state.get(key) == _sampler_repr_before_given_args(self._data_loader._sampler))]  # pylint: disable=protected-access
     if ([key for key, _ in differ] == ["operations"] and version != _V1_STATE_VERSION and "last_seen_indices" in state
         and self._data_loader._positions_translate()):  # pylint: disable=protected-access
       # As Grain: other operations (another batch size, a new map) on the

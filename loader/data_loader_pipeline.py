@@ -335,7 +335,11 @@ class SamplerMapDataset(map_dataset.MapDataset):
 
   def _op_repr(self) -> str:
     # Part of the engine's state description (loader.state).
-    return f".sampler({self._sampler!r}, shard={self._shard_index}/{self._shard_count})"
+    # An IndexSampler as described before its repr showed the arguments as given (seed=1 for
+    # seed=True): states saved then still restore (see IndexSampler._repr_before_given_args).
+    sampler = (self._sampler._repr_before_given_args()  # pylint: disable=protected-access
+               if type(self._sampler).__repr__ is samplers_lib.IndexSampler.__repr__ else repr(self._sampler))
+    return f".sampler({sampler}, shard={self._shard_index}/{self._shard_count})"
 
   def _getitems(self, indices: np.ndarray) -> list[Any]:
     if not self._ends_stream:

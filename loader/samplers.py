@@ -144,6 +144,12 @@ class IndexSampler:
     return (f"IndexSampler(num_records={self._num_records}, shard_options={self._shard_options!r}, "
             f"shuffle={self._shuffle}, num_epochs={self._repr_args[0]}, seed={self._repr_args[1]})")
 
+  def _repr_before_given_args(self) -> str:
+    """The repr as DataLoader states saved before it showed the arguments as given named this sampler
+    (seed=1 for seed=True): such a state still restores."""
+    return (f"IndexSampler(num_records={self._num_records}, shard_options={self._shard_options!r}, "
+            f"shuffle={self._shuffle}, num_epochs={self._num_epochs}, seed={self._seed})")
+
   def __getitem__(self, index: int) -> record.RecordMetadata:
     if index < 0 or (self._max_index is not None and index >= self._max_index):
       raise IndexError(f"Sampler index {index} out of range [0, {self._max_index}).")
