@@ -7,7 +7,10 @@
   it with one batched read per file. Differences from Grain: out-of-range keys
   raise `IndexError` (Grain: `ValueError`); negative keys count from the end;
   a plain path may also be a directory or glob pattern (as for
-  `ArrayRecordSource`).
+  `ArrayRecordSource`). Grain's source is array_record's, and subclasses
+  reach its private reader API: `_readers` (one per path entry, None until
+  opened), `_read_instructions` (`filename`, `start`, `end`, `num_records`),
+  `_reader_options_string` and `_reader_idx_and_position(key)` are here too.
 * `RangeDataSource(start, stop, step)`: like Grain's, plus negative indices and
   a batched `__getitems__`.
 * `SharedMemoryDataSource` (`grain.python.InMemoryDataSource`): as in Grain, a
@@ -19,6 +22,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -95,6 +99,28 @@ class RangeArgumentError(ValueError, AssertionError):
 _MAX_NAMED_REPR = 120  # SourceMapDataset._source_text's limit.
 
 
+@dataclasses.dataclass(frozen=True)
+class _ReadInstruction:
+  """array_record's `_ReadInstruction`: records [start, end) of `filename` (one per path entry)."""
+
+  filename: str
+  start: int
+  end: int
+  num_records: int = dataclasses.field(init=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "num_records", self.end - self.start)
+
+
+def _grain_reader_options_string(reader_options: Any) -> str:
+  """array_record's `_reader_options_string`: the caller's options only ("" for None)."""
+  if reader_options is None:
+    return ""
+  if isinstance(reader_options, str):
+    return reader_options
+  return ",".join(f"{k}:{v}" for k, v in reader_options.items())
+
+
 class ArrayRecordDataSource(source_lib.ArrayRecordSource):
   """Grain's `ArrayRecordDataSource`, read in batches by loader's pipelines.
 
@@ -123,6 +149,10 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
       raise ValueError("ArrayRecordDataSource needs at least one path (got an empty sequence).")
     split = [_split_range(e) for e in entries]
     options = reader_options_string(reader_options)
+    # Grain's source is array_record's, whose private reader API subclasses
+    # reach (`_readers`, `_read_instructions`, `_reader_options_string`,
+    # `_reader_idx_and_position`), e.g. to bound the open readers.
+    self._reader_options_string = _grain_reader_options_string(reader_options)
     if all(start is None for _, start, _ in split):
       super().__init__([f for f, _, _ in split], reader_options=options)
       self._ranges = None
@@ -154,6 +184,30 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
 
   def __len__(self) -> int:
     return self._len if self._ranges is None else int(self._ranges["ends"][-1])
+
+  # ---- array_record's private reader API (`self._readers[i]` is entry i's reader, None until opened) ----
+
+  @property
+  def _read_instructions(self) -> list[_ReadInstruction]:
+    """One `_ReadInstruction(filename, start, end)` per path entry, as array_record's."""
+    counts = self._counts
+    if self._ranges is None:
+      return [_ReadInstruction(f, 0, int(n)) for f, n in zip(self._paths, counts)]
+    ends = self._ranges["ends"]
+    prev = np.concatenate([[0], ends[:-1]])
+    firsts = self._ranges["offsets"] - self._starts + prev
+    return [_ReadInstruction(f, int(a), int(a + e - b)) for f, a, e, b in zip(self._paths, firsts, ends, prev)]
+
+  def _reader_idx_and_position(self, record_key: SupportsIndex) -> tuple[int, int]:
+    """(entry, record within its file) of `record_key`, as array_record's (a ValueError outside [0, len))."""
+    key = record_key.__index__()
+    if key < 0 or key >= len(self):
+      raise ValueError("Record key should be in [0, num_records)")
+    if self._ranges is None:
+      entry = int(np.searchsorted(self._ends, key, side="right"))
+      return entry, key - int(self._starts[entry])
+    entry = int(np.searchsorted(self._ranges["ends"], key, side="right"))
+    return entry, key + int(self._ranges["offsets"][entry]) - int(self._starts[entry])
 
   def __repr__(self) -> str:
     # Names the source in checkpoints, as ArrayRecordSource's does: other files,
