@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tempfile
 
 from converter.tfrecord import COMPRESSIONS
+from loader import ondisk
 
 WRITER_OPTION_KEYS = (
     "group_size", "zstd", "brotli", "snappy", "uncompressed", "window_log",
@@ -72,6 +74,21 @@ def group_size(options: str) -> int | None:
   return None
 
 
+_LINE_BREAKS = "\r\n\t\v\f"
+
+
+def line_break_at_an_end(path: str) -> str | None:
+  """`path` with its names stripped, when a name it would create has a line break or tab at an end.
+
+  Names that exist already are the user's to have; a URI (gs://) never exists as a local path.
+  """
+  parts = path.split("/")
+  for i, part in enumerate(parts):
+    if part != part.strip(_LINE_BREAKS) and not os.path.lexists("/".join(parts[:i + 1])):
+      return "/".join(p.strip() for p in parts)
+  return None
+
+
 @dataclasses.dataclass(frozen=True)
 class ConvertOptions:
   """Options for ConvertToArrayRecord, checked on construction.
@@ -103,6 +120,20 @@ class ConvertOptions:
     # in the current directory, shown as "Output:  " with no visible name.
     if not isinstance(self.output_dir, str) or not self.output_dir.strip():
       raise ValueError(f"output_dir must be a non-empty path, got {self.output_dir!r}.")
+    stripped = line_break_at_an_end(self.output_dir)
+    if stripped is not None:
+      # A value pasted from a YAML block or read from a file with its line break (`--output $'out\n'`,
+      # `args={"output": f.read()}`) would make a folder whose name ends in a line break, shown as another one.
+      raise ValueError(f"output_dir {self.output_dir!r}: a name in it has a line break or tab at an end, which "
+                       f"would become part of a folder's name: strip it (--output {stripped!r}).")
+    scheme, rest = ondisk.split_uri(self.output_dir)
+    if scheme and "//" in rest.rstrip("/"):
+      # gs://bucket//ar (from "$BUCKET/$PREFIX" with BUCKET ending in '/'): Cloud Storage keeps the empty
+      # name, so every object would be named "/ar/...", a folder readers of gs://bucket/ar never see.
+      single = scheme + re.sub("/{2,}", "/", rest)
+      raise ValueError(f"output_dir {self.output_dir!r} has an empty folder name ('//'), which {scheme} keeps "
+                       f"as part of the object names, so no reader of {single!r} would find the dataset: "
+                       f"write it with single slashes (--output {single}).")
     object.__setattr__(self, "writer_options", validate_writer_options(self.writer_options))
     for name, value, choices in (("compression", self.compression, COMPRESSIONS),
                                  ("on_corrupt", self.on_corrupt, ON_CORRUPT),

@@ -7,6 +7,7 @@ import dataclasses
 import glob
 import os
 import posixpath
+import re
 import stat
 from typing import Any, Iterable
 
@@ -38,7 +39,7 @@ def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
   local = split_uri(pattern)[0] == ""
   query = ondisk.local_abspath(pattern) if local else pattern
   try:
-    metadata = FileSystems.match([query])[0].metadata_list
+    metadata = _match_remote(query) if not local and "*" in query else FileSystems.match([query])[0].metadata_list
   except Exception as e:  # Beam raises BeamIOError for a missing directory.
     bucket = _writer.missing_bucket(query)
     if bucket is not None:  # Beam's own error nests its listing's NotFound twice over.
@@ -52,9 +53,16 @@ def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
                  if not m.path.rstrip("/").endswith("/" + MANIFEST_NAME) and wanted(m.path))
   if local:
     # Beam's glob silently drops broken links; a missing shard must not go unnoticed.
+    found = set(paths)
     for p in sorted(glob.glob(query, recursive=True)):
       if os.path.islink(p) and not os.path.exists(p) and wanted(p):
         check_regular_file(p)
+      # Beam's `*` never matches a backslash (`[^/\\]*`, for Windows paths), so `in/*` dropped a shard named
+      # `a\b.tfrecord` (legal here: a file unpacked from a Windows tool's archive) without a word; the
+      # shell's `*`, and Python's, match it.
+      if "\\" in p and p not in found and wanted(p) and posixpath.basename(p) != MANIFEST_NAME:
+        paths.append(p)
+    paths.sort()
     if wanted.magic:
       paths = [p for p in paths if not os.path.isdir(p)]  # `in/*` also lists in/some_folder.
     for p in paths:
@@ -63,6 +71,28 @@ def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
     raise NoInputFilesError(pattern, _outputs_only_hint(pattern, metadata, wanted, skip_under)
                             or _no_files_hint(pattern, query))
   return paths
+
+
+# Beam's glob translates `*` to this, which never matches a backslash (for Windows paths).
+_BEAM_STAR = r"[^/\\]*"
+
+
+def _match_remote(query: str) -> list[Any]:
+  """FileSystems.match for a gs:// pattern with a `*`, whose `*` also matches a backslash, as the shell's does.
+
+  Beam's own match lists every object under the pattern's fixed prefix, then filters them with a regex whose
+  `*` is `[^/\\]*`, so `gs://b/tfr/*` left out an object named `tfr/a\\b.tfrecord` without a word. The same
+  one listing is asked for here (the prefix and `**`), and filtered with `*` as `[^/]*`.
+  """
+  from apache_beam.io.filesystem import FileSystem  # pylint: disable=g-import-not-at-top
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  prefix = re.match(r"^[^[*?]*", query).group(0)
+  regex = re.compile(FileSystem.translate_pattern(query).replace(_BEAM_STAR, "[^/]*"))
+  listed = FileSystems.match([prefix + "**"])[0].metadata_list
+  matched = [m for m in listed if regex.match(m.path)]
+  if not matched:  # Beam's own words for a pattern that matches nothing (a hint is added from them).
+    return FileSystems.match([query])[0].metadata_list
+  return matched
 
 
 def _outputs_only_hint(pattern: str, metadata: list[Any], wanted: _GlobFilter, skip_under: str | None) -> str | None:
@@ -133,6 +163,11 @@ def _no_files_hint(pattern: str, query: str) -> str | None:
     return (f"{pattern} is a conversion's {MANIFEST_NAME}, not a TFRecord file: a shell that expands an "
             "unquoted --input DIR/* passes it (and any outputs there) as inputs; quote the pattern "
             "(--input 'DIR/*')")
+  if pattern != pattern.strip():
+    # A pattern pasted from a YAML block, read from a file with its line break, or `--input "$X "`: the
+    # blank at its end is part of the name, which no file has.
+    return (f"It has a space or line break at an end, which is part of the pattern: strip it "
+            f"(--input {pattern.strip()!r})")
   head = ondisk.unexpanded_home(pattern) if split_uri(query)[0] == "" else None
   if head is not None:
     home = os.path.expanduser(pattern)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import stat
 import struct
 import zlib
@@ -435,13 +436,20 @@ class TFRecordReader:
     self.stats.truncated = True
 
   def _not_tfrecord(self, head: bytes, what: str) -> NotTFRecordError:
-    if head.startswith(RIEGELI_SIGNATURE):
-      what = "it is an ArrayRecord file (already converted?)"
-    else:
-      what = f"{what}; it starts with {bytes(head[:16])!r}"
     compressed = self.detected_compression not in (None, "none")
-    return NotTFRecordError(self.path, f"{what}{' (after decompression)' if compressed else ''}",
-                            compressed=compressed, skipping=self.on_corrupt == "skip")
+    after = " (after decompression)" if compressed else ""
+    container = _container(head, self.path)
+    if head.startswith(RIEGELI_SIGNATURE):
+      what = f"it is an ArrayRecord file (already converted?){after}"
+    elif container is not None:
+      # bzip2, xz, zstd, a tar or ZIP archive (also a .tar.gz): said so, with the command that unpacks it.
+      kind, command = container
+      inside = f" inside its {self.detected_compression.upper()} compression" if compressed else ""
+      what = (f"it is {kind}{inside}, which this converter does not read (it reads TFRecord files, plain or "
+              f"GZIP/ZLIB-compressed): unpack it first ({command}) and convert what that gives")
+    else:
+      what = f"{what}; it starts with {bytes(head[:16])!r}{after}"
+    return NotTFRecordError(self.path, what, compressed=compressed, skipping=self.on_corrupt == "skip")
 
   def _resync(self, buf, pos, base, chunks, eof, after: str = "header"):
     """After a damaged record: find the next offset where a whole valid record starts.
@@ -453,6 +461,10 @@ class TFRecordReader:
     the file's size.
     """
     bad_offset = base + pos
+    if bad_offset == 0 and _container(buf) is not None:
+      # An archive or a stream of another compression: records found inside it (a tar stores its files
+      # as they are) are not this file's records, in skip mode either.
+      raise self._not_tfrecord(buf, "")
     if self.on_corrupt == "fail":
       if bad_offset == 0 and not _header_candidates(buf, 1):
         raise self._not_tfrecord(buf, f"no valid record header in its first {len(buf):,} bytes")
@@ -534,6 +546,31 @@ def _header_candidates(data: bytes, lo: int) -> list[int]:
     expected = np.array([masked_crc(int(v).to_bytes(8, "little")) for v in values], np.uint32)
     hits.append(maybe[expected[inverse.ravel()] == crcs[maybe]])
   return (np.sort(np.concatenate(hits)) + lo).tolist()
+
+
+# Formats people compress or bundle TFRecord files in that are not TFRecord's own GZIP/ZLIB: their magic
+# bytes, what they are, and the command that gives the file back (FILE: the input; OUT: where to put it).
+_CONTAINERS = (
+    (b"BZh", "a bzip2-compressed file", "bzip2 -dc FILE > OUT", (".bz2", ".bzip2")),
+    (b"\xfd7zXZ\x00", "an xz-compressed file", "xz -dc FILE > OUT", (".xz",)),
+    (b"\x28\xb5\x2f\xfd", "a zstd-compressed file", "zstd -dc FILE > OUT", (".zst", ".zstd")),
+    (b"\x04\x22\x4d\x18", "an LZ4-compressed file", "lz4 -dc FILE > OUT", (".lz4",)),
+    (b"PK\x03\x04", "a ZIP archive", "unzip FILE", ()),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive", "7z x FILE", ()),
+)
+
+
+def _container(head: bytes, path: str = "FILE") -> tuple[str, str] | None:
+  """(what the file is, the command that unpacks it) for an archive or another compression's stream."""
+  head = bytes(head[:512])
+  for magic, kind, command, suffixes in _CONTAINERS:
+    if head.startswith(magic) and (magic != b"BZh" or (head[3:4].isdigit() and head[4:10] == b"1AY&SY")):
+      out = next((path[:-len(s)] for s in suffixes if path.endswith(s) and len(path) > len(s)),
+                 path + ".decompressed")
+      return kind, command.replace("FILE", shlex.quote(path)).replace("OUT", shlex.quote(out))
+  if head[257:262] == b"ustar":  # POSIX and GNU tar headers.
+    return "a tar archive", f"tar -xf {shlex.quote(path)}"
+  return None
 
 
 def _extend(data: bytes, chunks: Iterator[bytes], size: int) -> tuple[bytes, bool]:

@@ -17,7 +17,7 @@ import os
 import re
 from typing import Sequence
 
-from converter import ConvertOptions
+from converter import ConvertOptions, options
 from dataflow import checks, staging
 from dataflow.checks import FlagError
 from pipelines import cli
@@ -235,6 +235,11 @@ def _check_extra(extra: Sequence[str]) -> list[str]:
 def _dry_run_dir(args: argparse.Namespace, job_name: str) -> str | None:
   if not (args.dry_run or args.dry_run_dir):
     return None
+  if args.dry_run_dir:
+    stripped = options.line_break_at_an_end(args.dry_run_dir)
+    if stripped is not None:  # A pasted or YAML-block value: it would make a folder named with the line break.
+      raise FlagError(f"--dry-run-dir {args.dry_run_dir!r}: a name in it has a line break or tab at an end, which "
+                      f"would become part of a folder's name: strip it (--dry-run-dir {stripped!r}).")
   path = os.path.abspath(args.dry_run_dir or os.path.join("dataflow-dry-run", job_name))
   if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
     raise FlagError(f"--dry-run-dir {path!r} exists and is not an empty folder; "

@@ -106,10 +106,34 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
 
 _FORMAT_LINE = re.compile(rb'"format"\s*:\s*"' + re.escape(_FORMAT.encode()) + rb'"')
 _PEEK_BYTES = 1 << 16
+# A bigger file is read whole only if save_state's format line is in its first _PEEK_BYTES.
+_BIG_STATE = 16 << 20
+
+
+def _blank_at_an_end(path: str) -> str | None:
+  """`path` with its names stripped, when a name it would create has a space, tab or line break at an end.
+
+  A checkpoint path read from a config file or a command's output with its line break
+  (`open("ckpt_path.txt").read()`), saved to as it is, makes a file (or folder) whose name ends in the
+  line break; the restore of the path as the user sees it then finds nothing and starts from the
+  beginning. Names that exist already are the user's to have.
+  """
+  if not isinstance(path, str):
+    return None
+  parts = path.split(os.sep)
+  for i, part in enumerate(parts):
+    if part != part.strip() and not os.path.lexists(os.sep.join(parts[:i + 1])):
+      return os.sep.join(p.strip() for p in parts)
+  return None
 
 
 def _check_replaceable(path: str) -> None:
   """Refuses to replace what is not an earlier loader state (model weights, a device, a folder)."""
+  stripped = _blank_at_an_end(path)
+  if stripped is not None:
+    raise ValueError(f"Cannot save the iterator state to {path!r}: a name in it has a space or line break at an "
+                     "end, which would be part of the file's or folder's name (and a restore from the path "
+                     f"without it would find nothing): strip it ({stripped!r}).")
   head = ondisk.unexpanded_home(path)
   if head is not None:
     # Taken as it is, it would make a folder named '~' in the current one (and a later `rm -rf ~` for it...).
@@ -186,7 +210,13 @@ def load_state(path: str | os.PathLike) -> Any:
   """Reads a state written by `save_state` (bytes for a DataLoaderIterator's)."""
   path = os.fspath(path)
   try:
-    raw = ondisk.read_local(path)
+    # The start first: a multi-gigabyte file given by mistake (model weights, a dataset) is refused
+    # without reading it whole into memory, which took 6 GB of RAM and 20 s for a 3 GB file.
+    raw = ondisk.read_local(path, _BIG_STATE + 1)
+    if len(raw) > _BIG_STATE:
+      if not _FORMAT_LINE.search(raw[:_PEEK_BYTES]):
+        raise _not_a_state(path, raw)
+      raw = ondisk.read_local(path)
   except ondisk.SpecialFileError as e:
     raise ValueError(f"{e}: pass the file save_state wrote.") from None
   except FileNotFoundError as e:
@@ -194,8 +224,12 @@ def load_state(path: str | os.PathLike) -> Any:
     if head is not None:
       raise FileNotFoundError(e.errno, f"No iterator state at {path}: {head!r} is not expanded to a home folder "
                                        f"here (only a shell does that); pass os.path.expanduser({path!r})") from None
-    raise FileNotFoundError(e.errno, f"No iterator state at {path}: check the path, or start from the "
-                                     "beginning (a fresh iterator)") from None
+    stripped = _blank_at_an_end(path)
+    if stripped is not None:
+      raise FileNotFoundError(e.errno, f"No iterator state at {path!r}: a name in it has a space or line break "
+                                       f"at an end: strip it ({stripped!r})") from None
+    raise FileNotFoundError(e.errno, f"No iterator state at {ondisk.shown(os.fsdecode(path))}: check the path, "
+                                     "or start from the beginning (a fresh iterator)") from None
   except IsADirectoryError as e:
     raise IsADirectoryError(e.errno, f"{path} is a directory, not an iterator state: pass the file save_state "
                                      "wrote (for an Orbax checkpoint, restore with Orbax's CheckpointManager)") from None
@@ -235,6 +269,18 @@ def load_state(path: str | os.PathLike) -> Any:
   if data.get("encoding") == "json-bytes":
     return json.dumps(data["state"], indent=4).encode()  # Indented as DataLoaderIterator.get_state (and Grain) writes it.
   return data["state"]
+
+
+def _not_a_state(path: Any, head: bytes) -> ValueError:
+  """A big file without save_state's format line at its start (save_state writes it within the first lines)."""
+  try:
+    size = f"{os.path.getsize(path):,} bytes"
+  except OSError:
+    size = f"over {_BIG_STATE:,} bytes"
+  return ValueError(f"{ondisk.shown(os.fsdecode(path))} is not a loader state file ({size}, starting with "
+                    f"{bytes(head[:16])!r}, without the format line {_FORMAT!r} that save_state writes at the "
+                    "start: model weights or another file?); pass the file save_state wrote, or restore from "
+                    "another checkpoint.")
 
 
 def restore_state(path: str | os.PathLike, iterator: Any) -> Any:
@@ -313,24 +359,90 @@ async def background_save(directory: Any, state: str) -> None:
 
 
 def _write_process_file(path: Any, text: str) -> None:
-  """Writes this process's state file in an Orbax checkpoint folder; a failure names it and leaves no part."""
-  try:
-    path.write_text(text)
-  except OSError as e:
+  """Writes this process's state file in an Orbax checkpoint folder; a failure names it and leaves no part.
+
+  A local file is written as save_state writes one (a temp file renamed into place), so a save into a
+  folder that already holds this process's file (the handler called directly, twice) keeps the old state
+  if it fails (a full disk), and a symbolic link there is replaced, not written through.
+  """
+  name = str(path)
+  if not ondisk.is_local(name):
     try:
-      path.unlink()
+      path.write_text(text)
+    except OSError as e:
+      try:
+        path.unlink()
+      except OSError:
+        pass
+      raise _save_error(e, name) from e
+    return
+  try:
+    st = os.lstat(name)
+  except OSError:
+    st = None
+  if st is not None and stat.S_ISDIR(st.st_mode):
+    raise IsADirectoryError(errno.EISDIR, f"Cannot save the iterator state to {name}: a folder has its name; "
+                                          "move the folder away, or save to another checkpoint folder", name)
+  if st is not None and not stat.S_ISLNK(st.st_mode) and ondisk.special_file_kind(st.st_mode) is not None:
+    raise FileExistsError(errno.EEXIST, f"Cannot save the iterator state to {name}: it exists and is not a regular "
+                                        "file (a FIFO, socket or device); move it away, or save to another "
+                                        "checkpoint folder", name)
+  try:
+    ondisk.remove_stale_temps_of(name)  # Of a save killed midway (kill -9).
+  except OSError:
+    pass  # The save itself says what is wrong with the folder.
+  tmp = ondisk.temp_name(ondisk.local_abspath(name))
+  fd = None
+  try:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with os.fdopen(fd, "w") as f:
+      fd = None  # The file object closes it from here.
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, name)
+  except BaseException as e:
+    if fd is not None:
+      os.close(fd)
+    try:
+      os.unlink(tmp)
     except OSError:
       pass
-    raise _save_error(e, str(path)) from e
+    if isinstance(e, OSError):
+      raise _save_error(e, name) from e
+    raise
+
+
+def _read_process_file(path: Any) -> bytes:
+  """This process's state file in an Orbax checkpoint folder; one that is not a regular file is named.
+
+  A local folder, broken link, link loop or FIFO at its name is named as such (a FIFO is never opened
+  for reading: that would wait for ever for a writer), not reported as missing or as a bare OSError.
+  """
+  name = str(path)
+  if not ondisk.is_local(name):
+    if not path.exists():
+      raise _missing_state_error(path)
+    return path.read_bytes()
+  problem = ondisk.file_problem(name)
+  if problem is not None and problem.kind == "missing":
+    raise _missing_state_error(path)
+  if problem is None:
+    try:
+      return ondisk.read_local(name)
+    except OSError as e:  # Replaced meanwhile; or a disk error.
+      problem = ondisk.file_problem(name) or ondisk.FileProblem(f"cannot be read ({e.strerror})",
+                                                                 "check the disk", "unreadable")
+  fix = {"directory": "move the folder away", "special": "move it away"}.get(problem.kind, problem.fix)
+  raise ValueError(f"Cannot restore the iterator state from {ondisk.shown(name)}: it {problem.what}; "
+                   f"{fix}, or restore another checkpoint step.")
 
 
 async def background_load(directory: Any, set_state_fn: Callable[[str], None]) -> None:
   """Reads this process's file under `directory` and passes its text to `set_state_fn`."""
   import asyncio  # pylint: disable=g-import-not-at-top
   path = _process_file(directory)
-  if not await asyncio.to_thread(path.exists):
-    raise _missing_state_error(path)
-  _set_state_from_file(set_state_fn, path, await asyncio.to_thread(path.read_bytes))
+  _set_state_from_file(set_state_fn, path, await asyncio.to_thread(_read_process_file, path))
 
 
 def _set_state_from_file(set_state_fn: Callable[[str], None], path: Any, raw: bytes) -> None:
@@ -383,9 +495,7 @@ class CheckpointHandler:
     """Sets `item` (or `args.item`) to the state saved in `directory`; returns it."""
     item = item if item is not None else args.item
     path = _process_file(directory)
-    if not path.exists():
-      raise _missing_state_error(path)
-    _set_state_from_file(lambda text: set_state_text(item, text), path, path.read_bytes())
+    _set_state_from_file(lambda text: set_state_text(item, text), path, _read_process_file(path))
     start = getattr(item, "start_prefetch", None)
     if start is not None:
       start()

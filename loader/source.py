@@ -315,7 +315,9 @@ def _unreadable(path: str, reader_status: str) -> NotArrayRecordError:
   what = _describe_non_array_record(path)
   lead = "cannot be read as an ArrayRecord file" if what.startswith("it starts like one") else (
       "is not an ArrayRecord file")
-  return NotArrayRecordError(f"{path} {lead}: {what} (reader: {reader_status}).")
+  # The reader's own status, when it says anything (a cut file's last chunk gives an empty one).
+  status = ondisk.one_line(reader_status)
+  return NotArrayRecordError(f"{path} {lead}: {what}{f' (reader: {status})' if status else ''}.")
 
 
 def _span_options(options: str) -> str:

@@ -369,6 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = p.parse_args(argv)
   if ondisk.is_local(args.output) and not os.path.isdir(args.output):
     what = "is a file, not a directory" if os.path.exists(args.output) else "does not exist"
+    if args.output != args.output.strip() and os.path.isdir(args.output.strip()):
+      # A pasted or YAML-block value with its line break: the folder without it is there.
+      return cli.fail(PROG, f"--output {ondisk.shown(args.output)} {what}: it has a space or line break at an "
+                            f"end; strip it (--output {args.output.strip()!r}).")
     return cli.fail(PROG, f"--output {args.output} {what}: give the directory the conversion wrote "
                           "(arrayrecord-convert --output).")
   try:
