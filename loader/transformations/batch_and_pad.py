@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import pprint
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -16,11 +17,43 @@ T = TypeVar("T")
 def _pad_leaves(batch: Any, padding_size: int, pad_value: Any) -> Any:
   """Appends `padding_size` rows of `pad_value` to every leaf (plain dicts' keys sorted, as Grain's)."""
   def pad(leaf):
-    if not padding_size:
+    if not padding_size or leaf is None:  # None is an empty subtree in Grain's pytrees: kept, not padded.
       return leaf
     padding = np.full((padding_size, *leaf.shape[1:]), pad_value, dtype=leaf.dtype)
     return np.concatenate([leaf, padding], axis=0)
   return batching.map_leaves(pad, batch)
+
+
+def _structure(x: Any) -> Any:
+  """The pytree structure of `x` as Grain's tree functions compare it (None: an empty subtree)."""
+  if x is None:
+    return None
+  if isinstance(x, Mapping):
+    keys = sorted(x) if type(x) is dict else list(x)  # pylint: disable=unidiomatic-typecheck
+    return type(x), tuple(keys), tuple(_structure(x[k]) for k in keys)
+  if isinstance(x, (list, tuple)):
+    return type(x), tuple(_structure(v) for v in x)
+  return "leaf"
+
+
+def _spec(x: Any) -> Any:
+  """`x` with each leaf shown as its type and shape (for the structure error)."""
+  if x is None:
+    return None
+  if isinstance(x, Mapping):
+    return {k: _spec(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_spec(v) for v in x]
+  return f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}"
+
+
+def _check_same_structure(values: Sequence[Any]) -> None:
+  # Grain pads by mapping over the structure all elements share, so elements
+  # of unequal structure (a full batch of them is an object array) fail there.
+  first = _structure(values[0])
+  if any(_structure(v) != first for v in values[1:]):
+    raise ValueError("Expected all input elements to have the same structure but got:\n"
+                     f"{pprint.pformat([_spec(v) for v in values])}")
 
 
 def batch_and_pad(values: Sequence[T], *, batch_size: int, pad_value: Any = 0) -> T:
@@ -49,4 +82,6 @@ def batch_and_pad(values: Sequence[T], *, batch_size: int, pad_value: Any = 0) -
   if len(values) > batch_size:
     raise ValueError(f"Cannot batch {len(values)} values to batch_size={batch_size}; "
                      "pass the same batch_size to batch() and to batch_and_pad.")
+  if len(values) < batch_size:
+    _check_same_structure(values)
   return _pad_leaves(batching.make_batch(values), batch_size - len(values), pad_value)

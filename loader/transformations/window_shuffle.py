@@ -18,6 +18,10 @@ The map version is random access (runs in `mp_prefetch` workers). The stream
 version holds one window; its state has Grain's keys,
 `{"parent_window_start_state": <parent state at the window's start>,
 "window_index": w, "pos_in_window": p}`, and a restore re-reads that window.
+A state saved after an element raised while its window was filled also has
+`"raised": n`: the window's first n parent reads were made, and their errors
+raised, before; a restore re-reading the window passes over those errors and
+goes on after them, as the saved iterator did (Grain's raises them again).
 """
 
 from __future__ import annotations
@@ -139,9 +143,16 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
     # the stream ends (Grain's `_parent_exhausted`).
     self._parent_exhausted = False
     # A window whose filling an element's error interrupted: (its start state,
-    # the elements read). As in Grain, the next call goes on filling it after
-    # the failed element (which the parent has consumed).
-    self._partial: tuple[Any, list[Any]] | None = None
+    # the elements read, the parent reads made, failed ones included). As in
+    # Grain, the next call goes on filling it after the failed element (which
+    # the parent has consumed).
+    self._partial: tuple[Any, list[Any], int] | None = None
+    # Parent reads of the current window's fill when one of them raised (0 if
+    # none did): a state then carries it as "raised", so a restore re-reading
+    # the window passes over the errors already raised instead of raising them
+    # again (Grain's set_state raises them).
+    self._window_reads = 0
+    self._quiet = 0  # Reads of the next fill whose errors were raised before a set_state.
 
   def _fill(self) -> None:
     parent = self._parent
@@ -149,17 +160,30 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
       # Called from __next__, outside any get_state: drop the pipeline
       # description the outermost call would add, it belongs to our own state.
       self._window_start_state = state_lib.strip(parent.get_state())
-      elements = []
+      elements, reads, failed = [], 0, False
     else:
-      (self._window_start_state, elements), self._partial = self._partial, None
+      (self._window_start_state, elements, reads), self._partial = self._partial, None
+      failed = True
+    self._window_reads = 0
     try:
       while len(elements) < self._window_size:
-        elements.append(next(parent))
+        reads += 1
+        try:
+          elements.append(next(parent))
+        except StopIteration:
+          raise
+        except Exception:  # pylint: disable=broad-except
+          failed = True
+          if reads > self._quiet:
+            raise
     except StopIteration:
       self._parent_exhausted = True
     except Exception:
-      self._partial = (self._window_start_state, elements)
+      self._partial = (self._window_start_state, elements, reads)
+      self._quiet = 0
       raise
+    self._quiet = 0
+    self._window_reads = reads if failed else 0
     if not elements:
       raise StopIteration
     # Grain pops its shuffled window from the end.
@@ -184,25 +208,35 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
   def get_state(self) -> dict[str, Any]:
     window, pos, w = self._window, self._pos, self._window_index
     if self._partial is not None:  # Restoring re-reads the interrupted window from its start.
-      return {"parent_window_start_state": self._partial[0], "window_index": w, "pos_in_window": 0}
-    if window is None:
+      state = {"parent_window_start_state": self._partial[0], "window_index": w, "pos_in_window": 0}
+      raised = self._partial[2]
+    elif window is None:
       # Before the first window: the parent's position; after a fill that found
       # no element (the end): where that fill started, as Grain's.
       start = self._parent.get_state() if self._window_start_state is None else self._window_start_state
-      return {"parent_window_start_state": start, "window_index": w, "pos_in_window": 0}
-    # As Grain's: a spent window keeps its start and count, its window_index
-    # already the next window's (a restore re-reads it and goes on after it).
-    return {"parent_window_start_state": self._window_start_state, "window_index": w + (pos >= len(window)),
-            "pos_in_window": pos}
+      state = {"parent_window_start_state": start, "window_index": w, "pos_in_window": 0}
+      raised = self._quiet if self._window_start_state is None else self._window_reads
+    else:
+      # As Grain's: a spent window keeps its start and count, its window_index
+      # already the next window's (a restore re-reads it and goes on after it).
+      state = {"parent_window_start_state": self._window_start_state, "window_index": w + (pos >= len(window)),
+               "pos_in_window": pos}
+      raised = self._window_reads
+    if raised:
+      state["raised"] = raised  # Only then: other states keep Grain's layout.
+    return state
 
   def set_state(self, state: dict[str, Any]) -> None:
     owner = type(self).__name__
-    state_lib.check_keys(state, _STATE_KEYS, owner)
+    state_lib.check_keys(state, _STATE_KEYS + ("raised",) if isinstance(state, dict) and "raised" in state
+                         else _STATE_KEYS, owner)
     w = checks.check_int(state["window_index"], "window_index", minimum=0)
     pos = checks.check_int(state["pos_in_window"], "pos_in_window", minimum=0, maximum=self._window_size)
+    raised = checks.check_int(state.get("raised", 0), "raised", minimum=0)
     self._parent.set_state(state["parent_window_start_state"])
     self._window, self._pos, self._window_index, self._partial = None, 0, w, None
     self._parent_exhausted, self._window_start_state = False, None
+    self._window_reads, self._quiet = 0, raised
     if pos:
       self._fill()
       if pos > len(self._window):
