@@ -496,6 +496,14 @@ class ThreadChunkProducer:
     # be read past it meanwhile (its records would be lost).
     self._generation = 0
     self._failed_generation = -1
+    self._consume_lock = threading.RLock()
+
+  @property
+  def consume_lock(self) -> threading.RLock:
+    """Held by the consuming iterator while it takes a new chunk (see MapDatasetIterator.__next__)."""
+    if self._pool is not None:  # In a fork, a thread of the parent may have held it at the fork.
+      check_same_process(self._pid)
+    return self._consume_lock
 
   def reset(self, start: int) -> None:
     for _, _, fut in self._pending:
@@ -644,61 +652,77 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     self._assert_not_closed()  # Even with elements left in the buffer, as Grain.
     while True:
       if self._pos >= len(self._buffer):
-        if self._error is not None:
-          error, self._error = self._error, None
-          # An element's error consumes it; the filter-ratio check's error
-          # comes after the elements that closed its window, consuming none.
-          failed = 0 if isinstance(error, dataset_options.FilterRatioError) else 1
-          if failed and isinstance(self._producer, (ThreadChunkProducer, SyncChunkProducer)):
-            # Workers note theirs (mp_prefetch); a user's map says nothing of where it was.
-            error.add_note(f"Raised while computing element {self._buffer_start + self._pos} of "
-                           f"{_safe_repr(self._ds)}; the stream goes on after it.")
-          at = realign.resume_at(error) if failed and self._unit > 1 else None
-          if at is not None and isinstance(self._ds, realign.RealignedMapDataset):
-            # As Grain's batch iterator: the next batch starts after the failed element (see loader.realign).
-            # The position is after the failed batch first: a Ctrl-C during the move stays there.
-            self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
-            self._buffer, self._pos = [], 0
-            self._go_to_element(at)
-            try:
-              raise error
-            finally:
-              error = None  # Else error -> traceback -> this frame -> error: a cycle keeping the iterator.
-          self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
-          self._buffer, self._pos = [], 0
-          self._producer.reset(self._buffer_start)
-          try:
-            raise error
-          finally:
-            error = None  # As above: the iterator (and its workers) go when the caller drops the error.
-        resume, chunk = self._buffer_start + self._pos, None
-        try:
-          chunk = self._producer.next_chunk()
-          if chunk is None:
-            raise StopIteration
-          self._buffer_start, elements, self._error = chunk
-          # Our own list: slots are cleared below, and a dataset's _getitems may return a list it keeps.
-          self._buffer = list(elements)
-          self._pos = 0
-        except KeyboardInterrupt:
-          # A Ctrl-C may have come after the producer handed the chunk over:
-          # in process, the next call computes it again from this position
-          # (worker pools keep their own place, see mp_prefetch).
-          handed_over = chunk is not None or getattr(self._producer, "handed_over", False)
-          if handed_over and isinstance(self._producer, (ThreadChunkProducer, SyncChunkProducer)):
-            self._buffer, self._pos, self._buffer_start, self._error = [], 0, resume, None
-            self._producer.reset(resume)
-          raise
-        if self._ratio_check:
-          self._check_ratio()
+        # Worker pools lock their reads (see mp_prefetch): held over the
+        # refill, two threads calling next() cannot both take a new chunk
+        # and drop one of them. Once per chunk, never per element.
+        lock = getattr(self._producer, "consume_lock", None)
+        if lock is None:
+          self._refill()
+        else:
+          with lock:
+            if self._pos >= len(self._buffer):  # Else another thread refilled it meanwhile.
+              self._refill()
         continue
-      x = self._buffer[self._pos]
+      try:  # Free when nothing is raised (3.11+).
+        x = self._buffer[self._pos]
+      except IndexError:  # Another thread calling next() took the chunk's last element after the check above.
+        continue
       # Handed out elements are the consumer's: freeing them as it drops them
       # spreads deallocation over the chunk instead of one burst at its end.
       self._buffer[self._pos] = None
       self._pos += 1
       if x is not None or self._allow_nones:
         return x
+
+  def _refill(self) -> None:
+    """Takes the next chunk into the buffer, or raises what comes at this position (an error, StopIteration)."""
+    if self._error is not None:
+      error, self._error = self._error, None
+      # An element's error consumes it; the filter-ratio check's error
+      # comes after the elements that closed its window, consuming none.
+      failed = 0 if isinstance(error, dataset_options.FilterRatioError) else 1
+      if failed and isinstance(self._producer, (ThreadChunkProducer, SyncChunkProducer)):
+        # Workers note theirs (mp_prefetch); a user's map says nothing of where it was.
+        error.add_note(f"Raised while computing element {self._buffer_start + self._pos} of "
+                       f"{_safe_repr(self._ds)}; the stream goes on after it.")
+      at = realign.resume_at(error) if failed and self._unit > 1 else None
+      if at is not None and isinstance(self._ds, realign.RealignedMapDataset):
+        # As Grain's batch iterator: the next batch starts after the failed element (see loader.realign).
+        # The position is after the failed batch first: a Ctrl-C during the move stays there.
+        self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
+        self._buffer, self._pos = [], 0
+        self._go_to_element(at)
+        try:
+          raise error
+        finally:
+          error = None  # Else error -> traceback -> this frame -> error: a cycle keeping the iterator.
+      self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
+      self._buffer, self._pos = [], 0
+      self._producer.reset(self._buffer_start)
+      try:
+        raise error
+      finally:
+        error = None  # As above: the iterator (and its workers) go when the caller drops the error.
+    resume, chunk = self._buffer_start + self._pos, None
+    try:
+      chunk = self._producer.next_chunk()
+      if chunk is None:
+        raise StopIteration
+      self._buffer_start, elements, self._error = chunk
+      # Our own list: slots are cleared below, and a dataset's _getitems may return a list it keeps.
+      self._buffer = list(elements)
+      self._pos = 0
+    except KeyboardInterrupt:
+      # A Ctrl-C may have come after the producer handed the chunk over:
+      # in process, the next call computes it again from this position
+      # (worker pools keep their own place, see mp_prefetch).
+      handed_over = chunk is not None or getattr(self._producer, "handed_over", False)
+      if handed_over and isinstance(self._producer, (ThreadChunkProducer, SyncChunkProducer)):
+        self._buffer, self._pos, self._buffer_start, self._error = [], 0, resume, None
+        self._producer.reset(resume)
+      raise
+    if self._ratio_check:
+      self._check_ratio()
 
   def _check_ratio(self) -> None:
     check = self._ratio_check

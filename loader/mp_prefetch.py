@@ -101,6 +101,21 @@ def _closed_while_waiting() -> ClosedWhileWaitingError:
   return ClosedWhileWaitingError()
 
 
+def _mapping_failed(e: OSError, desc: tuple, start: int, stop: int, ds: Any, w: int) -> OSError:
+  """The one-line error for a result segment this process could not open or map (`e`): what, why, what to do."""
+  if e.errno in (errno.EMFILE, errno.ENFILE):
+    todo = ("raise the open-file limit (`ulimit -n`, or resource.setrlimit(resource.RLIMIT_NOFILE, ...) before "
+            "the workers start) or close files the program keeps open")
+  elif e.errno == errno.ENOMEM:
+    todo = "free memory, or raise the memory limits (ulimit -v, vm.max_map_count)"
+  else:
+    todo = "fix the cause"
+  text = (f"{ipc.SHM_DIR}/{ipc.segment_name(desc)} (positions {start}..{stop - 1} of {ds!r}, from worker {w}) "
+          f"could not be mapped in this process: {e.strerror or e}; {todo}. Nothing was lost: next() asks for "
+          "these positions again")
+  return OSError(e.errno, text) if e.errno is not None else OSError(text)
+
+
 class WorkerError(RuntimeError):
   """A worker process died, or raised an exception that cannot be pickled.
 
@@ -337,6 +352,15 @@ def _revived(exc_bytes: bytes | None, where: str) -> BaseException:
       error = pickle.loads(exc_bytes)
     except Exception:  # pylint: disable=broad-except
       error = None
+    if isinstance(error, (SystemExit, KeyboardInterrupt)):
+      # Raised here as itself, a worker's sys.exit() would end the consumer's
+      # program quietly (an uncaught SystemExit prints nothing), and its
+      # KeyboardInterrupt would read as a Ctrl-C the user never pressed.
+      what = (f"called sys.exit({error.code!r})" if isinstance(error, SystemExit)
+              else "raised KeyboardInterrupt")
+      head = where.split("\n", 1)[0].rstrip(":")
+      return WorkerError(f"{head}: it {what}, which ends a worker; raise an exception instead (this process "
+                         "gets that one as itself)")
     if isinstance(error, BaseException):
       error.add_note(where)
       return error
@@ -725,6 +749,10 @@ class _WorkerPool:
     # message was cut short: the workers can go on (see next_chunk).
     self.interrupted_waiting = False
     self._attached = 0
+    # Held while a consumer reads results (once per chunk, see next_chunk): two
+    # threads calling next() on one iterator (or on parts sharing this pool)
+    # would otherwise read one pipe at once and tear its messages apart.
+    self.consume_lock = threading.RLock()
     self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.prefix, self._stash, self.pid)
     _watch_exit()
 
@@ -872,8 +900,10 @@ class _WorkerPool:
           "that killed it (-9: SIGKILL, often the out-of-memory killer). This iterator cannot go on; fix what "
           "stopped the worker, then restore its get_state() into a new iterator.")
     raise WorkerError(
-        f"Worker {w} (pid {proc.pid}) exited unexpectedly with {code} {what}. A negative code is the "
-        "signal that killed it (-9: SIGKILL, often the out-of-memory killer). This iterator cannot go on; "
+        f"Worker {w} (pid {proc.pid}) exited unexpectedly with {code} {what}. A positive code is what the "
+        "code it ran passed to sys.exit() or os._exit() (1 also follows a traceback above on stderr): raise an "
+        "exception there instead; a negative code is the signal that killed it (-9: SIGKILL, often the "
+        "out-of-memory killer). This iterator cannot go on; "
         "to resume after the last element it gave, restore its get_state() into a new iterator.")
 
   def _started(self, w: int) -> bool:
@@ -1030,6 +1060,13 @@ class MultiprocessChunkProducer:
     self._one_by_one_until = 0  # Positions before it go one per chunk (after a chunk that did not unpickle).
     self._segments_lost = 0  # Results in a row whose segment another process removed (see next_chunk).
 
+  @property
+  def consume_lock(self) -> threading.RLock:
+    """Held by the consuming iterator while it takes a new chunk (see engine.MapDatasetIterator.__next__)."""
+    # First: in a fork, a thread of the parent may have held it at the fork, and would never let go.
+    engine.check_same_process(self._pool.pid)
+    return self._pool.consume_lock
+
   def start(self) -> None:
     """Starts the workers and sends them this part's first chunks."""
     self._pool.start()
@@ -1095,6 +1132,10 @@ class MultiprocessChunkProducer:
 
   def next_chunk(self) -> engine.Chunk | None:
     engine.check_same_process(self._pool.pid)
+    with self._pool.consume_lock:  # One chunk at a time: next() from two threads waits here (see _WorkerPool).
+      return self._next_chunk()
+
+  def _next_chunk(self) -> engine.Chunk | None:
     if self._pool.error is not None:
       raise self._pool.error
     c = self._next_consume
@@ -1165,7 +1206,7 @@ class MultiprocessChunkProducer:
               "cleanup job). Nothing was lost: next() asks for these positions again") from None
         elements = None  # Asked again below, outside this handler.
       elif isinstance(e, OSError):  # Mapping the segment failed, not an element: the next call asks again.
-        raise
+        raise _mapping_failed(e, desc, start, stop, self._ds, w) from None
       elif stop - start > 1:
         self._one_by_one_until = max(self._one_by_one_until, stop)
         elements = None  # Asked again below, outside this handler.
@@ -1179,7 +1220,7 @@ class MultiprocessChunkProducer:
       self.reset(start)  # Not handed out: the next call asks for it again.
       raise
     if elements is None:
-      return self.next_chunk()
+      return self._next_chunk()
     self._pool.acknowledge(w, desc)
     self._segments_lost = 0
     self._sizer.observe(elements, seconds)
