@@ -205,6 +205,14 @@ class ChunkProducer(Protocol):
     """Releases threads/processes; idempotent."""
 
 
+class ClosedWhileWaitingError(ValueError):
+  """close() was called (in another thread) while this iterator waited for its next chunk."""
+
+  def __init__(self, waited_for: str = "a worker"):
+    super().__init__(f"This iterator was closed (close() was called while it waited for {waited_for}); "
+                     "create a new one with iter(dataset).")
+
+
 class SyncChunkProducer:
   """Computes chunks of a MapDataset on demand in the calling thread."""
 
@@ -213,6 +221,9 @@ class SyncChunkProducer:
     self._len = len(ds)
     self._sizer = ChunkSizer(ds, chunk_size)
     self._next = 0
+    # Held by the consuming iterator while it takes a chunk: two threads
+    # calling next() would otherwise both compute the chunk at `_next`.
+    self.consume_lock = threading.RLock()
 
   def reset(self, start: int) -> None:
     self._next = start
@@ -497,6 +508,7 @@ class ThreadChunkProducer:
     self._generation = 0
     self._failed_generation = -1
     self._consume_lock = threading.RLock()
+    self._closed = False
 
   @property
   def consume_lock(self) -> threading.RLock:
@@ -547,6 +559,8 @@ class ThreadChunkProducer:
   def next_chunk(self) -> Chunk | None:
     if self._pool is not None:
       check_same_process(self._pid)
+    if self._closed:  # A thread that waited for the consume lock while another closed the iterator.
+      raise ClosedWhileWaitingError("a chunk being computed")
     self.handed_over = False
     self.start()
     if not self._pending:
@@ -554,7 +568,14 @@ class ThreadChunkProducer:
     start, _, fut = self._pending[0]
     # Taken off the queue only once done: a Ctrl-C while waiting leaves it
     # there, and the next call waits for it again (no chunk is skipped).
-    elements, error, seconds = fut.result()
+    try:
+      elements, error, seconds = fut.result()
+    except concurrent.futures.CancelledError:
+      if self._closed:
+        raise ClosedWhileWaitingError("a chunk being computed") from None
+      raise
+    if self._closed:  # close() emptied the queue meanwhile: not the end of the data.
+      raise ClosedWhileWaitingError("a chunk being computed")
     self.handed_over = True  # Off the queue from here: a Ctrl-C now needs a reset (see MapDatasetIterator).
     self._pending.popleft()
     self._sizer.observe(elements, seconds)
@@ -565,6 +586,7 @@ class ThreadChunkProducer:
     return start, elements, error
 
   def close(self) -> None:
+    self._closed = True
     self.reset(self._len)
     if self._finalizer is not None:
       self._finalizer()

@@ -66,12 +66,8 @@ _STOP_GRACE_S = 1.0
 _SEGMENT_RETRIES = 3  # Results whose segment was removed by another process, in a row, asked again before an error.
 
 
-class ClosedWhileWaitingError(ValueError):
-  """close() was called (in another thread) while this iterator waited for a worker."""
-
-  def __init__(self):
-    super().__init__("This iterator was closed (close() was called while it waited for a worker); "
-                     "create a new one with iter(dataset).")
+# close() was called (in another thread) while this iterator waited for a worker.
+ClosedWhileWaitingError = engine.ClosedWhileWaitingError
 
 
 _exiting = False

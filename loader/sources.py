@@ -189,14 +189,27 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
 
   @property
   def _read_instructions(self) -> list[_ReadInstruction]:
-    """One `_ReadInstruction(filename, start, end)` per path entry, as array_record's."""
-    counts = self._counts
-    if self._ranges is None:
-      return [_ReadInstruction(f, 0, int(n)) for f, n in zip(self._paths, counts)]
-    ends = self._ranges["ends"]
-    prev = np.concatenate([[0], ends[:-1]])
-    firsts = self._ranges["offsets"] - self._starts + prev
-    return [_ReadInstruction(f, int(a), int(a + e - b)) for f, a, e, b in zip(self._paths, firsts, ends, prev)]
+    """One `_ReadInstruction(filename, start, end)` per path entry, as array_record's.
+
+    Built once: array_record's subclasses look it up per record (as its own
+    `_ensure_reader_exists` does), and may assign it, as they can there.
+    """
+    built = self.__dict__.get("_read_instructions_list")
+    if built is None:
+      counts = self._counts
+      if self._ranges is None:
+        built = [_ReadInstruction(f, 0, int(n)) for f, n in zip(self._paths, counts)]
+      else:
+        ends = self._ranges["ends"]
+        prev = np.concatenate([[0], ends[:-1]])
+        firsts = self._ranges["offsets"] - self._starts + prev
+        built = [_ReadInstruction(f, int(a), int(a + e - b)) for f, a, e, b in zip(self._paths, firsts, ends, prev)]
+      self.__dict__["_read_instructions_list"] = built
+    return built
+
+  @_read_instructions.setter
+  def _read_instructions(self, value: list[Any]) -> None:
+    self.__dict__["_read_instructions_list"] = value
 
   def _reader_idx_and_position(self, record_key: SupportsIndex) -> tuple[int, int]:
     """(entry, record within its file) of `record_key`, as array_record's (a ValueError outside [0, len))."""

@@ -47,6 +47,7 @@ import pytest
 grain = pytest.importorskip("grain")
 import grain.experimental  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 import loader  # pylint: disable=g-import-not-at-top,wrong-import-position
+from loader import state as state_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SEED = 2027
 N_CASES = 220
@@ -711,3 +712,45 @@ def test_window_shuffle_restores_at_every_step_around_failed_elements(bad, n, wi
     restored.set_state(json.loads(json.dumps(state)))
     assert rest(restored) == full[step:], (step, state)
     assert restored.get_state() == final, step
+
+
+def test_window_shuffle_restore_raises_an_error_it_had_not_raised_and_only_that_one():
+  """A restored window passes over only the reads that raised before the save; a new error is raised."""
+  failing = {3}
+
+  def fn(x):
+    if x in failing:
+      raise ValueError(f"bad {x}")
+    return x
+
+  def make():
+    return iter(loader.experimental.WindowShuffleIterDataset(
+        loader.MapDataset.range(12).map(fn).to_iter_dataset(), window_size=5, seed=0))
+
+  it = make()
+  with pytest.raises(ValueError, match="bad 3"):
+    next(it)
+  saved = json.loads(json.dumps(it.get_state()))
+  assert saved["raised"] == [4]
+  expected = _take_all(it)
+  failing.add(1)  # Element 1 fails from now on (its file became unreadable).
+  restored = make()
+  restored.set_state(saved)
+  with pytest.raises(ValueError, match="bad 1"):
+    next(restored)
+  again = json.loads(json.dumps(restored.get_state()))
+  assert again["raised"] == [2, 4]  # Both count for a restore of this state.
+  rest = _take_all(restored)
+  # Element 1 is out of the window now, so the window shuffles other elements: the same records but 1, no error.
+  assert "error" not in expected and "error" not in rest
+  assert sorted(rest) == sorted(x for x in expected if x != 1)
+  third = make()
+  third.set_state(again)
+  assert _take_all(third) == rest
+
+
+def test_window_shuffle_refuses_a_raised_count_that_is_not_a_list():
+  it = iter(_window_shuffled(loader))
+  state = it.get_state()
+  with pytest.raises(state_lib.StateMismatchError, match="raised"):
+    it.set_state({**state, "raised": 4})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pprint
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -36,14 +35,15 @@ def _structure(x: Any) -> Any:
   return "leaf"
 
 
-def _spec(x: Any) -> Any:
-  """`x` with each leaf shown as its type and shape (for the structure error)."""
+def _shown(x: Any) -> str:
+  """`x`'s structure in one line: containers with their types and keys, leaves as type and shape."""
   if x is None:
-    return None
+    return "None"
   if isinstance(x, Mapping):
-    return {k: _spec(v) for k, v in x.items()}
+    inner = ", ".join(f"{k!r}: {_shown(v)}" for k, v in x.items())
+    return f"{type(x).__name__}{{{inner}}}"
   if isinstance(x, (list, tuple)):
-    return [_spec(v) for v in x]
+    return f"{type(x).__name__}[{', '.join(_shown(v) for v in x)}]"
   return f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}"
 
 
@@ -51,9 +51,11 @@ def _check_same_structure(values: Sequence[Any]) -> None:
   # Grain pads by mapping over the structure all elements share, so elements
   # of unequal structure (a full batch of them is an object array) fail there.
   first = _structure(values[0])
-  if any(_structure(v) != first for v in values[1:]):
-    raise ValueError("Expected all input elements to have the same structure but got:\n"
-                     f"{pprint.pformat([_spec(v) for v in values])}")
+  for i, v in enumerate(values[1:], 1):
+    if _structure(v) != first:
+      raise ValueError(f"Expected all input elements to have the same structure but got: element {i} is "
+                       f"{_shown(v):.300}, element 0 is {_shown(values[0]):.300}; give every element the same "
+                       "containers (types, keys, lengths) to pad a short batch.")
 
 
 def batch_and_pad(values: Sequence[T], *, batch_size: int, pad_value: Any = 0) -> T:

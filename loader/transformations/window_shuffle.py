@@ -19,9 +19,10 @@ version holds one window; its state has Grain's keys,
 `{"parent_window_start_state": <parent state at the window's start>,
 "window_index": w, "pos_in_window": p}`, and a restore re-reads that window.
 A state saved after an element raised while its window was filled also has
-`"raised": n`: the window's first n parent reads were made, and their errors
-raised, before; a restore re-reading the window passes over those errors and
-goes on after them, as the saved iterator did (Grain's raises them again).
+`"raised": [r, ...]`: the window's parent reads (1 = its first) whose errors
+were raised before; a restore re-reading the window passes over those
+elements and goes on after them, as the saved iterator did (Grain's raises
+them again). Any other error is raised.
 """
 
 from __future__ import annotations
@@ -143,16 +144,16 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
     # the stream ends (Grain's `_parent_exhausted`).
     self._parent_exhausted = False
     # A window whose filling an element's error interrupted: (its start state,
-    # the elements read, the parent reads made, failed ones included). As in
+    # the elements read, the parent reads made, the reads that raised). As in
     # Grain, the next call goes on filling it after the failed element (which
     # the parent has consumed).
-    self._partial: tuple[Any, list[Any], int] | None = None
-    # Parent reads of the current window's fill when one of them raised (0 if
-    # none did): a state then carries it as "raised", so a restore re-reading
-    # the window passes over the errors already raised instead of raising them
-    # again (Grain's set_state raises them).
-    self._window_reads = 0
-    self._quiet = 0  # Reads of the next fill whose errors were raised before a set_state.
+    self._partial: tuple[Any, list[Any], int, list[int]] | None = None
+    # The reads (1 = the window's first) of the current window's fill that
+    # raised: a state carries them as "raised", so a restore re-reading the
+    # window passes over those elements (consumed, their errors raised before)
+    # instead of raising them again, as Grain's set_state does.
+    self._window_failed: list[int] = []
+    self._quiet: frozenset[int] = frozenset()  # Such reads of the next fill, after a set_state.
 
   def _fill(self) -> None:
     parent = self._parent
@@ -160,30 +161,34 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
       # Called from __next__, outside any get_state: drop the pipeline
       # description the outermost call would add, it belongs to our own state.
       self._window_start_state = state_lib.strip(parent.get_state())
-      elements, reads, failed = [], 0, False
+      elements, reads, failed = [], 0, []
     else:
-      (self._window_start_state, elements, reads), self._partial = self._partial, None
-      failed = True
-    self._window_reads = 0
+      (self._window_start_state, elements, reads, failed), self._partial = self._partial, None
+    quiet, self._window_failed = self._quiet, []
     try:
       while len(elements) < self._window_size:
         reads += 1
         try:
-          elements.append(next(parent))
+          x = next(parent)
         except StopIteration:
           raise
         except Exception:  # pylint: disable=broad-except
-          failed = True
-          if reads > self._quiet:
-            raise
+          failed.append(reads)
+          if reads in quiet:
+            continue
+          raise
+        if reads in quiet:  # It failed before the state was saved: consumed then (an error that went away).
+          failed.append(reads)
+          continue
+        elements.append(x)
     except StopIteration:
       self._parent_exhausted = True
     except Exception:
-      self._partial = (self._window_start_state, elements, reads)
-      self._quiet = 0
+      # The quiet reads stay for the rest of this window's fill (the next call goes on with it).
+      self._partial = (self._window_start_state, elements, reads, failed)
       raise
-    self._quiet = 0
-    self._window_reads = reads if failed else 0
+    self._quiet = frozenset()
+    self._window_failed = failed
     if not elements:
       raise StopIteration
     # Grain pops its shuffled window from the end.
@@ -209,21 +214,21 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
     window, pos, w = self._window, self._pos, self._window_index
     if self._partial is not None:  # Restoring re-reads the interrupted window from its start.
       state = {"parent_window_start_state": self._partial[0], "window_index": w, "pos_in_window": 0}
-      raised = self._partial[2]
+      raised = sorted(set(self._partial[3]) | self._quiet)  # Reads to come that raised before count too.
     elif window is None:
       # Before the first window: the parent's position; after a fill that found
       # no element (the end): where that fill started, as Grain's.
       start = self._parent.get_state() if self._window_start_state is None else self._window_start_state
       state = {"parent_window_start_state": start, "window_index": w, "pos_in_window": 0}
-      raised = self._quiet if self._window_start_state is None else self._window_reads
+      raised = sorted(self._quiet) if self._window_start_state is None else self._window_failed
     else:
       # As Grain's: a spent window keeps its start and count, its window_index
       # already the next window's (a restore re-reads it and goes on after it).
       state = {"parent_window_start_state": self._window_start_state, "window_index": w + (pos >= len(window)),
                "pos_in_window": pos}
-      raised = self._window_reads
+      raised = self._window_failed
     if raised:
-      state["raised"] = raised  # Only then: other states keep Grain's layout.
+      state["raised"] = list(raised)  # Only then: other states keep Grain's layout.
     return state
 
   def set_state(self, state: dict[str, Any]) -> None:
@@ -232,11 +237,15 @@ class _WindowShuffleIterator(iter_lib.DatasetIterator[T]):
                          else _STATE_KEYS, owner)
     w = checks.check_int(state["window_index"], "window_index", minimum=0)
     pos = checks.check_int(state["pos_in_window"], "pos_in_window", minimum=0, maximum=self._window_size)
-    raised = checks.check_int(state.get("raised", 0), "raised", minimum=0)
+    raised = state.get("raised", [])
+    if not isinstance(raised, (list, tuple)):
+      raise state_lib.StateMismatchError(f"{owner}.set_state: \"raised\" must be a list of the window's reads "
+                                         f"that raised (1 = its first), got {raised!r:.100}.")
+    raised = frozenset(checks.check_int(r, "raised", minimum=1) for r in raised)
     self._parent.set_state(state["parent_window_start_state"])
     self._window, self._pos, self._window_index, self._partial = None, 0, w, None
     self._parent_exhausted, self._window_start_state = False, None
-    self._window_reads, self._quiet = 0, raised
+    self._window_failed, self._quiet = [], raised
     if pos:
       self._fill()
       if pos > len(self._window):
