@@ -80,28 +80,36 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
     ondisk.remove_empty_dirs(created)
     raise _save_error(e, path) from e
   tmp = ondisk.temp_name(ondisk.local_abspath(path))
+  try:
+    _write_replacing(tmp, path, data)
+  except BaseException as e:
+    ondisk.remove_empty_dirs(created)
+    if isinstance(e, OSError) and (not e.filename or e.filename == tmp):
+      raise _save_error(e, path) from e  # A full disk says nothing about where it was writing.
+    raise
+  return state
+
+
+def _write_replacing(tmp: str, path: str, text: str) -> None:
+  """Writes `text` to the new file `tmp`, syncs it, and renames it to `path`; on any failure `tmp` is removed."""
   fd = None
   try:
     # Opened inside the `try`: a Ctrl-C right after it still removes the temp and closes the file.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     with os.fdopen(fd, "w") as f:
       fd = None  # The file object closes it from here.
-      f.write(data)
+      f.write(text)
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except BaseException as e:
+  except BaseException:
     if fd is not None:
       os.close(fd)
     try:
       os.unlink(tmp)
-    except OSError:  # Not made (on a read-only mount that is EROFS, not ENOENT): the save's own error
+    except OSError:  # Not made (on a read-only mount that is EROFS, not ENOENT): the caller's error
       pass           # says what to do.
-    ondisk.remove_empty_dirs(created)
-    if isinstance(e, OSError) and (not e.filename or e.filename == tmp):
-      raise _save_error(e, path) from e  # A full disk says nothing about where it was writing.
     raise
-  return state
 
 
 _FORMAT_LINE = re.compile(rb'"format"\s*:\s*"' + re.escape(_FORMAT.encode()) + rb'"')
@@ -391,26 +399,10 @@ def _write_process_file(path: Any, text: str) -> None:
     ondisk.remove_stale_temps_of(name)  # Of a save killed midway (kill -9).
   except OSError:
     pass  # The save itself says what is wrong with the folder.
-  tmp = ondisk.temp_name(ondisk.local_abspath(name))
-  fd = None
   try:
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    with os.fdopen(fd, "w") as f:
-      fd = None  # The file object closes it from here.
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, name)
-  except BaseException as e:
-    if fd is not None:
-      os.close(fd)
-    try:
-      os.unlink(tmp)
-    except OSError:
-      pass
-    if isinstance(e, OSError):
-      raise _save_error(e, name) from e
-    raise
+    _write_replacing(ondisk.temp_name(ondisk.local_abspath(name)), name, text)
+  except OSError as e:
+    raise _save_error(e, name) from e
 
 
 def _read_process_file(path: Any) -> bytes:
