@@ -269,6 +269,14 @@ class SegmentRemovedError(FileNotFoundError):
   """
 
 
+class SegmentMapError(OSError):
+  """A result segment could not be opened or mapped in this process (too many open files, no memory).
+
+  Its own class: an element whose unpickling raises an OSError is that
+  element's error, not a failure to map its segment.
+  """
+
+
 def _map_and_unlink(name: str, size: int) -> memoryview:
   path = "/" + name  # SharedMemory's POSIX name for `name`.
   try:
@@ -280,8 +288,12 @@ def _map_and_unlink(name: str, size: int) -> memoryview:
     resource_tracker.register(path, "shared_memory")
     resource_tracker.unregister(path, "shared_memory")
     raise SegmentRemovedError(errno.ENOENT, os.strerror(errno.ENOENT), SHM_DIR + path) from None
+  except OSError as e:
+    raise SegmentMapError(e.errno, e.strerror, SHM_DIR + path) from e
   try:
     mapping = mmap.mmap(fd, size)
+  except OSError as e:
+    raise SegmentMapError(e.errno, e.strerror, SHM_DIR + path) from e
   finally:
     os.close(fd)
   _posixshmem.shm_unlink(path)

@@ -1201,8 +1201,10 @@ class MultiprocessChunkProducer:
               "logout: set RemoveIPC=no in /etc/systemd/logind.conf or run the job as a system user; or a "
               "cleanup job). Nothing was lost: next() asks for these positions again") from None
         elements = None  # Asked again below, outside this handler.
-      elif isinstance(e, OSError):  # Mapping the segment failed, not an element: the next call asks again.
+      elif isinstance(e, ipc.SegmentMapError):  # Mapping the segment failed, not an element: the next call asks again.
         raise _mapping_failed(e, desc, start, stop, self._ds, w) from None
+      elif isinstance(e, OSError):  # Raised while unpickling an element (e.g. a file it reopens): as it is.
+        raise
       elif stop - start > 1:
         self._one_by_one_until = max(self._one_by_one_until, stop)
         elements = None  # Asked again below, outside this handler.
