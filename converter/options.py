@@ -74,19 +74,9 @@ def group_size(options: str) -> int | None:
   return None
 
 
-_LINE_BREAKS = "\r\n\t\v\f"
-
-
 def line_break_at_an_end(path: str) -> str | None:
-  """`path` with its names stripped, when a name it would create has a line break or tab at an end.
-
-  Names that exist already are the user's to have; a URI (gs://) never exists as a local path.
-  """
-  parts = path.split("/")
-  for i, part in enumerate(parts):
-    if part != part.strip(_LINE_BREAKS) and not os.path.lexists("/".join(parts[:i + 1])):
-      return "/".join(p.strip() for p in parts)
-  return None
+  """`path` with its names stripped, when a name it would create has a line break or tab at an end."""
+  return ondisk.blank_at_an_end(path, ondisk.LINE_BREAKS)
 
 
 @dataclasses.dataclass(frozen=True)

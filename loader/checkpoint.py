@@ -118,26 +118,9 @@ _PEEK_BYTES = 1 << 16
 _BIG_STATE = 16 << 20
 
 
-def _blank_at_an_end(path: str) -> str | None:
-  """`path` with its names stripped, when a name it would create has a space, tab or line break at an end.
-
-  A checkpoint path read from a config file or a command's output with its line break
-  (`open("ckpt_path.txt").read()`), saved to as it is, makes a file (or folder) whose name ends in the
-  line break; the restore of the path as the user sees it then finds nothing and starts from the
-  beginning. Names that exist already are the user's to have.
-  """
-  if not isinstance(path, str):
-    return None
-  parts = path.split(os.sep)
-  for i, part in enumerate(parts):
-    if part != part.strip() and not os.path.lexists(os.sep.join(parts[:i + 1])):
-      return os.sep.join(p.strip() for p in parts)
-  return None
-
-
 def _check_replaceable(path: str) -> None:
   """Refuses to replace what is not an earlier loader state (model weights, a device, a folder)."""
-  stripped = _blank_at_an_end(path)
+  stripped = ondisk.blank_at_an_end(path)
   if stripped is not None:
     raise ValueError(f"Cannot save the iterator state to {path!r}: a name in it has a space or line break at an "
                      "end, which would be part of the file's or folder's name (and a restore from the path "
@@ -232,7 +215,7 @@ def load_state(path: str | os.PathLike) -> Any:
     if head is not None:
       raise FileNotFoundError(e.errno, f"No iterator state at {path}: {head!r} is not expanded to a home folder "
                                        f"here (only a shell does that); pass os.path.expanduser({path!r})") from None
-    stripped = _blank_at_an_end(path)
+    stripped = ondisk.blank_at_an_end(path)
     if stripped is not None:
       raise FileNotFoundError(e.errno, f"No iterator state at {path!r}: a name in it has a space or line break "
                                        f"at an end: strip it ({stripped!r})") from None

@@ -184,6 +184,26 @@ def shown(path: str) -> str:
   return path
 
 
+LINE_BREAKS = "\r\n\t\v\f"
+
+
+def blank_at_an_end(path: Any, chars: str | None = None) -> str | None:
+  """`path` with its names stripped, when a name it would create has `chars` (any whitespace by
+  default) at an end; None otherwise.
+
+  A path read from a config file or a command's output with its line break, used as it is, makes a
+  file or folder whose name ends in it, shown as another one. Names that exist already are the
+  user's to have; a URI (gs://) never exists as a local path.
+  """
+  if not isinstance(path, str):
+    return None
+  parts = path.split(os.sep)
+  for i, part in enumerate(parts):
+    if part != part.strip(chars) and not os.path.lexists(os.sep.join(parts[:i + 1])):
+      return os.sep.join(p.strip() for p in parts)
+  return None
+
+
 def one_line(text: Any) -> str:
   """`text` (a library's error, often several lines) on one line, its lines joined with '; '."""
   return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
