@@ -203,11 +203,7 @@ def load_state(path: str | os.PathLike) -> Any:
   try:
     # The start first: a multi-gigabyte file given by mistake (model weights, a dataset) is refused
     # without reading it whole into memory, which took 6 GB of RAM and 20 s for a 3 GB file.
-    raw = ondisk.read_local(path, _BIG_STATE + 1)
-    if len(raw) > _BIG_STATE:
-      if not _FORMAT_LINE.search(raw[:_PEEK_BYTES]):
-        raise _not_a_state(path, raw)
-      raw = ondisk.read_local(path)
+    raw = ondisk.read_local(path, _BIG_STATE + 1, more=lambda head: _check_big_state(path, head))
   except ondisk.SpecialFileError as e:
     raise ValueError(f"{e}: pass the file save_state wrote.") from None
   except FileNotFoundError as e:
@@ -260,6 +256,12 @@ def load_state(path: str | os.PathLike) -> Any:
   if data.get("encoding") == "json-bytes":
     return json.dumps(data["state"], indent=4).encode()  # Indented as DataLoaderIterator.get_state (and Grain) writes it.
   return data["state"]
+
+
+def _check_big_state(path: Any, head: bytes) -> None:
+  """Refuses a file over `_BIG_STATE` bytes that does not start as save_state's do."""
+  if not _FORMAT_LINE.search(head[:_PEEK_BYTES]):
+    raise _not_a_state(path, head)
 
 
 def _not_a_state(path: Any, head: bytes) -> ValueError:

@@ -36,7 +36,6 @@ import multiprocessing.connection
 import os
 import pickle
 import reprlib
-import resource
 import signal
 import sys
 import threading
@@ -53,6 +52,7 @@ from loader import ipc
 from loader import engine
 from loader import iter_dataset as iter_lib
 from loader import map_dataset as map_lib
+from loader import ondisk
 from loader import options as options_lib
 from loader import realign
 from loader import source as source_lib
@@ -100,8 +100,7 @@ def _closed_while_waiting() -> ClosedWhileWaitingError:
 def _mapping_failed(e: OSError, desc: tuple, start: int, stop: int, ds: Any, w: int) -> OSError:
   """The one-line error for a result segment this process could not open or map (`e`): what, why, what to do."""
   if e.errno in (errno.EMFILE, errno.ENFILE):
-    todo = ("raise the open-file limit (`ulimit -n`, or resource.setrlimit(resource.RLIMIT_NOFILE, ...) before "
-            "the workers start) or close files the program keeps open")
+    todo = f"{ondisk.open_file_limit_advice('before the workers start')} or close files the program keeps open"
   elif e.errno == errno.ENOMEM:
     todo = "free memory, or raise the memory limits (ulimit -v, vm.max_map_count)"
   else:
@@ -813,13 +812,11 @@ class _WorkerPool:
             raise
           # Was a bare "[Errno 24] Too many open files" out of multiprocessing.
           # The workers started so far are stopped by the caller (see next_chunk).
-          soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
           raise source_lib.TooManyOpenFilesError(
               e.errno,
               f"Cannot start worker {w} of {self.num_workers} for {self.leaves[0] if self.leaves else 'a dataset'!r}"
-              f": {os.strerror(e.errno)} (this process may open {soft}; each worker takes a few, and an "
-              "ArrayRecordSource one per shard in each process). Raise the limit (`ulimit -n 65536` in the "
-              "shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...) at the top of the script), or use "
+              f": {os.strerror(e.errno)} (each worker takes a few files, and an ArrayRecordSource one per shard "
+              f"in each process): {ondisk.open_file_limit_advice('at the top of the script')}, or use "
               "fewer workers (MultiprocessingOptions(num_workers=...)).") from None
         _WORKERS.add(proc)
         child_conn.close()

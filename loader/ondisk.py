@@ -30,10 +30,11 @@ import json
 import os
 import posixpath
 import re
+import resource
 import secrets
 import socket
 import stat
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "arrayrecord-toolkit/manifest"
@@ -97,11 +98,14 @@ class SpecialFileError(OSError):
   """A FIFO, socket or device where a small regular file (a manifest, a state) was expected."""
 
 
-def read_local(path: str, n: int = -1) -> bytes:
+def read_local(path: str, n: int = -1, *, more: Callable[[bytes], None] | None = None) -> bytes:
   """The first `n` bytes (all if n < 0) of a local file; a FIFO or device raises SpecialFileError.
 
   Opened without blocking, so a FIFO is refused instead of waiting for ever for
-  a writer; FileNotFoundError and IsADirectoryError come as from `open`.
+  a writer; FileNotFoundError and IsADirectoryError come as from `open`. With
+  `more`, a file longer than `n` bytes is shown to `more(first_n_bytes)` (which
+  raises to refuse it), then read whole from the same handle: read once, and
+  the same file even if the name is replaced meanwhile.
   """
   fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
   try:
@@ -118,7 +122,18 @@ def read_local(path: str, n: int = -1) -> bytes:
     os.close(fd)
     raise
   with f:
-    return f.read(n)
+    head = f.read(n)
+    if more is None or n < 0 or len(head) < n:
+      return head
+    more(head)
+    return head + f.read()
+
+
+def open_file_limit_advice(when: str) -> str:
+  """What to do when a process may open no more files: `when` says before what the limit must be raised."""
+  soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+  return (f"raise the open-file limit (now {soft}: `ulimit -n 65536` in the shell, or "
+          f"resource.setrlimit(resource.RLIMIT_NOFILE, ...) {when})")
 
 
 @dataclasses.dataclass(frozen=True)

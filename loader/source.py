@@ -19,7 +19,6 @@ import glob
 import hashlib
 import os
 import re
-import resource
 import shlex
 import struct
 import threading
@@ -302,13 +301,11 @@ def _out_of_file_descriptors(message: str) -> bool:
 
 
 def _too_many_open_files(path: str) -> TooManyOpenFilesError:
-  soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
   return TooManyOpenFilesError(
       errno.EMFILE,
-      f"{path}: cannot open it: this process has too many open files (its limit is {soft}). "
-      "ArrayRecordSource keeps one file open per shard (in each worker process too): raise the limit "
-      "(`ulimit -n 65536` in the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...) before "
-      "building the source), or read fewer, larger shards.")
+      f"{path}: cannot open it: this process has too many open files. ArrayRecordSource keeps one file "
+      f"open per shard (in each worker process too): {ondisk.open_file_limit_advice('before building the source')}"
+      ", or read fewer, larger shards.")
 
 
 def _unreadable(path: str, reader_status: str) -> NotArrayRecordError:

@@ -418,8 +418,8 @@ def test_too_few_file_descriptors_to_start_the_workers_says_so_and_loses_nothing
   kind, message = lines[0].split(" | ")
   assert kind == "TooManyOpenFilesError", lines[0]
   assert message.startswith("[Errno 24] Cannot start worker ") and " of 4 for MapDataset.source(range(0, 50))" \
-      ".map(f): Too many open files (this process may open " in message, message
-  assert "`ulimit -n 65536`" in message and "MultiprocessingOptions(num_workers=...)" in message
+      ".map(f): Too many open files (each worker takes a few files" in message, message
+  assert "raise the open-file limit (now " in message and "`ulimit -n 65536`" in message and "MultiprocessingOptions(num_workers=...)" in message
   assert lines[2] == "left 0 0", proc.stdout
   assert "Traceback" not in proc.stderr, proc.stderr
 

@@ -452,13 +452,22 @@ class _BigStateIterator:
     self.state = state
 
 
-def test_a_state_file_bigger_than_the_peek_still_restores(tmp_path):
+def test_a_state_file_bigger_than_the_peek_still_restores(tmp_path, monkeypatch):
   it = _BigStateIterator(2_000_000)  # Over 16 MiB of JSON.
   loader.save_state(tmp_path / "state.json", it)
   assert os.path.getsize(tmp_path / "state.json") > 16 << 20  # Read whole: its format line is at its start.
   restored = _BigStateIterator(0)
+  opened = []
+  real_open = os.open
+  def counting_open(path, *args, **kwargs):
+    opened.append(os.fspath(path))
+    return real_open(path, *args, **kwargs)
+  monkeypatch.setattr(os, "open", counting_open)
   loader.restore_state(tmp_path / "state.json", restored)
+  monkeypatch.undo()
   assert restored.state == it.state
+  # Opened and read once: its first 16 MiB are checked, then the rest read from the same handle.
+  assert opened == [str(tmp_path / "state.json")], opened
 
 
 def test_a_wildcard_matches_input_names_that_hold_a_backslash(tmp_path):

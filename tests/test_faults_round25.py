@@ -276,7 +276,7 @@ def test_the_open_file_limit_reached_in_the_consumer_names_the_segment_and_loses
   assert r["e"]["type"] == "OSError"
   assert line.startswith("[Errno 24] /dev/shm/arl"), line
   assert "(positions 1.." in line and " of MapDataset.source(range(0, 100)).map(f), from worker " in line
-  assert "could not be mapped in this process: Too many open files; raise the open-file limit (`ulimit -n`" in line
+  assert "could not be mapped in this process: Too many open files; raise the open-file limit (now " in line
   assert line.endswith("Nothing was lost: next() asks for these positions again")
   assert r["got"] == list(range(100))
 

@@ -153,7 +153,7 @@ def test_running_out_of_file_descriptors_says_so(tmp_path):
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
   last = proc.stderr.strip().splitlines()[-1]
   assert proc.returncode == 1, proc.stderr
-  assert last.startswith("loader.source.TooManyOpenFilesError: [Errno 24] ") and "its limit is 30" in last, last
+  assert last.startswith("loader.source.TooManyOpenFilesError: [Errno 24] ") and "open-file limit (now 30" in last, last
   assert "ulimit -n" in last and "not an ArrayRecord file" not in last
 
 
