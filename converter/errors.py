@@ -223,6 +223,17 @@ class OutputError(ConversionError):
   """The output location cannot be used, found before any work starts."""
 
 
+class KeptOutputGoneError(OutputError):
+  """An output a resume was to keep was deleted after the run planned it."""
+
+  exit_code = 1  # Found while converting: shards may have been written.
+
+  def __init__(self, path: str):
+    self.path = path
+    super().__init__(f"{path} was to be kept (--skip-existing) but is gone (deleted during the run?); other "
+                     "shards may have been converted already. Rerun with --skip-existing to convert it again.")
+
+
 class OutputWriteError(ConversionError, OSError):
   """Writing an output failed (disk full, permissions); its temp file was removed.
 

@@ -9,6 +9,7 @@ import os
 import posixpath
 import re
 import stat
+import warnings
 from typing import Any, Iterable
 
 from converter import writer as _writer
@@ -20,6 +21,12 @@ from converter.naming import common_dir, output_path, split_uri
 from converter.options import ConvertOptions
 from converter.tfrecord import check_regular_file
 from loader import ondisk
+
+
+# Beam's glob-to-regex leaves a `[[]` (an escaped '[', as the advice below writes it) for re to read, and re then
+# warns "FutureWarning: Possible nested set" on stderr, two lines above the run's one-line error or summary.
+warnings.filterwarnings("ignore", message="Possible nested set", category=FutureWarning,
+                        module=r"(apache_beam\.io\.filesystem|converter\.planning)\Z")
 
 
 def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
@@ -192,11 +199,18 @@ def _bracket_hint(pattern: str) -> str | None:
   """Advice when `[` or `]` in a pattern were meant literally (they are a glob class)."""
   if "[" not in pattern:
     return None
-  if split_uri(pattern)[0] == "" and not os.path.lexists(pattern):
-    return ("'[' and ']' in a pattern are a glob character class; to match them literally "
-            f"escape '[' as '[[]' (e.g. {glob.escape(pattern)!r})")
-  return (f"'[' and ']' are a glob character class, so the file named {pattern!r} does not "
-          f"match itself; escape '[' as '[[]': --input {glob.escape(pattern)!r}")
+  local = split_uri(pattern)[0] == ""
+  if (os.path.lexists(pattern) if local else not any(c in pattern for c in "*?")):
+    return (f"'[' and ']' are a glob character class, so the file named {pattern!r} does not "
+            f"match itself; escape '[' as '[[]': --input {glob.escape(pattern)!r}")
+  # Only '[' is escaped: glob.escape would also make the pattern's `*` and `?` literal, so `d[1]/*.tfrecord`
+  # got the advice `d[[]1]/[*].tfrecord`, which matches only a file named `*.tfrecord`. Locally given only where
+  # the escaped pattern finds files: one that still finds none (a pattern escaped already) has another fault.
+  literal = pattern.replace("[", "[[]")
+  if (not glob.glob(literal)) if local else "[[]" in pattern:
+    return None
+  return ("'[' and ']' in a pattern are a glob character class; to match them literally "
+          f"escape '[' as '[[]' (e.g. --input {literal!r})")
 
 
 def expand_patterns(patterns: str | Iterable[str], skip_under: str | None = None) -> list[str]:

@@ -275,6 +275,11 @@ class TFRecordReader:
       reason = f"[Errno {e.errno}] {e.strerror}" if e.errno else str(e).split("\n")[0]
       raise InputError(self.path, f"cannot be read ({reason})",
                        "check that it exists and is readable") from e
+    except Exception as e:  # pylint: disable=broad-except  # Re-raised unless the storage client's own.
+      problem = None if self._opener is not None or is_local(self.path) else _remote_read_problem(e)
+      if problem is None:
+        raise
+      raise InputError(self.path, problem, "check that it exists and is readable") from e
 
   @property
   def opened_size(self) -> int | None:
@@ -589,6 +594,18 @@ def _extend(data: bytes, chunks: Iterator[bytes], size: int) -> tuple[bytes, boo
     parts.append(nxt)
     have += len(nxt)
   return b"".join(parts), eof
+
+
+def _remote_read_problem(error: Exception) -> str | None:
+  """What a failed read of a gs:// object says of it, from the storage client's own error; else None.
+
+  An object listed when the run was planned and deleted before (or while) it was read raised google's bare
+  "NotFound: 404 GET http://.../o/tfr%2Fx.tfrecord?projection=noAcl...", no OSError, naming the input only
+  inside a URL. Other errors (a lost connection, a 5xx after retries) keep the CLI's own wording.
+  """
+  if type(error).__module__.startswith("google.") and getattr(error, "code", None) == 404:
+    return "does not exist"
+  return None
 
 
 def _stat_of(f: BinaryIO, path: str) -> os.stat_result:

@@ -12,7 +12,7 @@ from apache_beam.metrics import Metrics
 from converter import manifest as _manifest
 from converter import writer as _writer
 from converter.errors import (ConcurrentRunError, CorruptRecordError, DamagedSinceError, InputChangedError, InputError,
-                              OutputError)
+                              KeptOutputGoneError, OutputError)
 from converter.manifest import RecordDigest
 from converter.options import ConvertOptions
 from converter.planning import ShardPlan, marker_entries, match_pattern, plan_shards
@@ -172,7 +172,11 @@ def kept_shard_entry(plan: ShardPlan) -> dict[str, Any]:
   stale one) the file is read once to recompute it.
   """
   prev = plan.previous or {}
-  bytes_out = _writer.file_size(plan.output)
+  try:
+    bytes_out = _writer.file_size(plan.output)
+  except FileNotFoundError:
+    # Deleted after planning (on Dataflow a shuffle lies between): a bare "[Errno 2] No such file" before.
+    raise KeptOutputGoneError(plan.output) from None
   records = (_manifest.array_record_count(plan.output) if _writer.is_local(plan.output)
              else None)
   trusted = (isinstance(prev.get("digest"), str) and prev.get("bytes_out") == bytes_out
@@ -190,8 +194,14 @@ def kept_shard_entry(plan: ShardPlan) -> dict[str, Any]:
           "converted already. Rerun with --overwrite to replace it, or remove it and rerun with --skip-existing.") from e
   keep = {k: prev[k] for k in ("compression", "record_bytes", "corrupt_records_skipped",
                                "input_truncated") if trusted and k in prev}
+  try:
+    bytes_in = _writer.file_size(plan.input)
+  except FileNotFoundError:
+    # Deleted since it was listed (a sync job, a producer rewriting its shards): said as for a shard being
+    # converted, where this raised a bare "RuntimeError: FileNotFoundError: [Errno 2] ..." with a traceback.
+    raise InputChangedError(plan.input, "does not exist") from None
   return {**keep, "input": plan.input, "output": plan.output, "status": "existing",
-          "records": records, "bytes_in": _writer.file_size(plan.input),
+          "records": records, "bytes_in": bytes_in,
           "bytes_out": bytes_out, "digest": digest,
           "digest_from": "manifest" if trusted else "file", **(plan.input_times or {})}
 

@@ -71,11 +71,16 @@ def exists(path: str) -> bool:
 def file_size(path: str) -> int:
   if is_local(path):
     return os.path.getsize(path)
+  from apache_beam.io.filesystem import BeamIOError
   from apache_beam.io.filesystems import FileSystems
-  found = FileSystems.match([path])[0].metadata_list
-  if not found:
-    raise FileNotFoundError(errno.ENOENT, "No such file or object", path)
-  return found[0].size_in_bytes
+  # The object itself, not a match: a glob takes the '[1]' of `gs://b/run[1]/x.tfrecord` for a character class,
+  # so an input a listing had just found (and its output, named after it) was "No such file or object".
+  try:
+    return FileSystems.get_filesystem(path).metadata(path).size_in_bytes
+  except BeamIOError as e:
+    if any(getattr(cause, "code", None) == 404 for cause in (e.exception_details or {}).values()):
+      raise FileNotFoundError(errno.ENOENT, "No such file or object", path) from None
+    raise
 
 
 def output_identity(path: str) -> Any:
