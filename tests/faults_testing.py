@@ -144,6 +144,46 @@ def stop(proc: subprocess.Popen) -> None:
   proc.send_signal(signal.SIGSTOP)
 
 
+def _frozen(pid: int) -> bool:
+  """Whether every thread of `pid` has stopped (or exited): a SIGSTOP sent to it took effect."""
+  try:
+    tasks = os.listdir(f"/proc/{pid}/task")
+  except OSError:
+    return True
+  for task in tasks:
+    try:
+      with open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
+        state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+      continue  # Gone meanwhile.
+    if state not in (b"T", b"t", b"Z", b"X"):
+      return False
+  return True
+
+
+def stop_when(condition: Callable[[], bool], proc: subprocess.Popen, timeout: float = 120,
+              what: str = "condition") -> None:
+  """Freezes `proc` (SIGSTOP) in a state where `condition()` holds; fails if it exits first.
+
+  `wait_for` then `stop` raced with the process: the state seen could move on
+  before the SIGSTOP took effect (a loaded machine runs the test late), e.g.
+  the half-written shard published and the next one not begun, or the run
+  done. The condition is checked again once the process is frozen; if it no
+  longer holds, the process goes on (SIGCONT) and the wait starts again.
+  """
+  deadline = time.monotonic() + timeout
+  while True:
+    wait_for(condition, proc, timeout=max(0.1, deadline - time.monotonic()), what=what)
+    stop(proc)
+    while not _frozen(proc.pid):
+      if time.monotonic() > deadline:
+        pytest.fail(f"process {proc.pid} did not stop")
+      time.sleep(0.001)
+    if condition():
+      return
+    proc.send_signal(signal.SIGCONT)
+
+
 def listing(directory: str) -> list[str]:
   try:
     return sorted(os.listdir(directory))

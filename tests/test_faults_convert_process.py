@@ -54,8 +54,7 @@ def test_kill_9_then_skip_existing_gives_a_complete_manifest(tmp_path, dataset, 
   scratch.mkdir()
   monkeypatch.setenv("TMPDIR", str(scratch))
   proc = ft.start_cli(CONVERT, *convert_args(inp, out))
-  ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
-  ft.stop(proc)
+  ft.stop_when(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
   kept = ft.published(str(out))
   left = ft.temps(str(out))
   proc.kill()  # SIGKILL: no cleanup of any kind runs.
@@ -142,8 +141,7 @@ def test_ctrl_c_or_sigterm_prints_one_line_and_leaves_no_temp(tmp_path, dataset,
   scratch.mkdir()
   monkeypatch.setenv("TMPDIR", str(scratch))
   proc = ft.start_cli(CONVERT, *convert_args(inp, out))
-  ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
-  ft.stop(proc)
+  ft.stop_when(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
   proc.send_signal(sig)  # Delivered when the run continues.
   proc.send_signal(signal.SIGCONT)
   stdout, stderr = proc.communicate(timeout=120)
@@ -166,8 +164,8 @@ def test_second_run_into_the_same_output_dir_is_refused(tmp_path, dataset, ar_re
   inp, recs = dataset
   out = tmp_path / "out"
   first = ft.start_cli(CONVERT, *convert_args(inp, out))
-  ft.wait_for(lambda: ft.mid_run(str(out)), first, what="the first run converting")
-  ft.stop(first)  # Holds the lock while the second run starts.
+  # Frozen, it holds the lock while the second run starts.
+  ft.stop_when(lambda: ft.mid_run(str(out)), first, what="the first run converting")
   try:
     before = {n: os.stat(out / n).st_mtime_ns for n in ft.published(str(out))}
     second = ft.run_cli(CONVERT, *convert_args(inp, out, "--overwrite"))
@@ -315,8 +313,7 @@ def test_a_stopped_overwrite_is_never_read_as_complete_and_resumes_correctly(tmp
     return ft.temps(str(out)) and any(os.stat(out / n).st_ino != ino for n, ino in before.items()
                                       if (out / n).exists())
   proc = ft.start_cli(CONVERT, *convert_args(new_inp, out, "--overwrite"))
-  ft.wait_for(one_replaced, proc, what="a shard replaced and the next one half-written")
-  ft.stop(proc)
+  ft.stop_when(one_replaced, proc, what="a shard replaced and the next one half-written")
   proc.send_signal(signal.SIGINT)
   proc.send_signal(signal.SIGCONT)
   _, stderr = proc.communicate(timeout=120)
@@ -416,8 +413,7 @@ def test_sighup_is_handled_like_sigterm(tmp_path, dataset):
   inp, _ = dataset
   out = tmp_path / "out"
   proc = ft.start_cli(CONVERT, *convert_args(inp, out))
-  ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
-  ft.stop(proc)
+  ft.stop_when(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
   proc.send_signal(signal.SIGHUP)  # A closed terminal, a dropped ssh session.
   proc.send_signal(signal.SIGCONT)
   _, stderr = proc.communicate(timeout=120)
@@ -520,8 +516,7 @@ def test_an_input_deleted_mid_run_is_exit_1_and_resumable(tmp_path, dataset, ar_
   shutil.copytree(inp, mine)
   out = tmp_path / "out"
   proc = ft.start_cli(CONVERT, *convert_args(mine, out))
-  ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
-  ft.stop(proc)
+  ft.stop_when(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
   busy = {os.path.basename(t).split(".tmp-")[0][1:] for t in ft.temps(str(out))} | set(ft.published(str(out)))
   gone = next(n for n in sorted(recs) if ft.out_name(n) not in busy)
   moved = tmp_path / gone
@@ -588,8 +583,7 @@ def test_two_runs_of_the_python_api_into_one_directory_never_drop_a_split(tmp_pa
   ft.make_dataset(str(other), 2, 10, 100, seed=3)  # Another split: 2 shards, named ...-of-00002.
   proc = subprocess.Popen([sys.executable, "-c", _API_RUN, str(inp / "*"), str(out)], cwd=ft.REPO,
                           env=ft.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
-  ft.stop(proc)
+  ft.stop_when(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
   try:
     import pipelines
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -636,7 +630,8 @@ def test_converting_in_place_resumes_with_the_same_glob(tmp_path, dataset, ar_re
   inp = tmp_path / "in"
   shutil.copytree(src, inp)
   proc = ft.start_cli(CONVERT, *convert_args(inp, inp))
-  ft.wait_for(lambda: ft.mid_run(str(inp)), proc, what="a shard published and one half-written")
+  # Frozen mid-run first: a SIGTERM sent to the running process could come after its last shard.
+  ft.stop_when(lambda: ft.mid_run(str(inp)), proc, what="a shard published and one half-written")
   proc.send_signal(signal.SIGTERM)
   proc.send_signal(signal.SIGCONT)
   proc.communicate(timeout=120)

@@ -67,8 +67,7 @@ def read_only(path: str) -> Iterator[None]:
 def _stopped_mid_run(inp, out):
   """A conversion frozen (SIGSTOP) with one shard published and the next one half-written; its temp file."""
   proc = ft.start_cli(CONVERT, *convert_args(inp, out))
-  ft.wait_for(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
-  ft.stop(proc)
+  ft.stop_when(lambda: ft.mid_run(str(out)), proc, what="a shard published and one half-written")
   [temp] = ft.temps(str(out))
   return proc, temp
 

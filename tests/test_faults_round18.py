@@ -335,7 +335,6 @@ if __name__ == "__main__":
   it = iter(loader.MapDataset.source(source).map(f).to_iter_dataset().mp_prefetch(
       loader.MultiprocessingOptions(num_workers=4)))
   assert list(it) == source
-  time.sleep(3)  # Every worker has started by now, read or not by the parent.
   print("read", flush=True)
   input()  # Held here, the iterator open: the parent's segments are looked at.
   it.close()
@@ -347,7 +346,15 @@ def test_the_start_segment_goes_once_every_worker_started_even_idle_ones(tmp_pat
   # task: with more workers than chunks the pipeline's start segment stayed in /dev/shm until close().
   with _held_script(tmp_path, _SHORT_LARGE_PIPELINE) as proc:
     assert proc.stdout.readline() == "read\n", proc.communicate(timeout=60)[1]
-    assert not {s for s in shm_segments(f"arl{proc.pid}_") if "start" in s}
+    # The idle workers start in their own time: ~1 s for four spawned workers on 2 idle cores, ~4 s with
+    # 8 busy processes on them, which outlasted the fixed 3 s this waited. Wait for the segment to go
+    # instead: before the fix it stayed until close(), which the script holds off (the timeout is far
+    # beyond any worker start).
+    start_segments = lambda: {s for s in shm_segments(f"arl{proc.pid}_") if "start" in s}
+    deadline = time.monotonic() + 60
+    while start_segments() and proc.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert not start_segments()
     out, err = proc.communicate("\n", timeout=60)
     assert proc.returncode == 0, err
 

@@ -383,6 +383,13 @@ def test_the_first_element_of_a_slow_source_waits_for_no_other(threads):
   # Before any chunk is measured, chunks hold 1 then 4 elements: the first
   # next() reads at most those, not the 64 records of a first full chunk
   # (20 ms records made that 1.2 s; Grain reads one or two).
+  # With threads, later chunks are computed ahead as soon as the first is
+  # handed out, so counting reads after next() returned raced with them (a
+  # consumer descheduled for a few ms saw 11). Reads past the first 5 wait
+  # for a gate instead, opened only after the first next() returned: that
+  # next() can only have returned without them.
+  gate, gated_out = threading.Event(), []
+
   class Slow:
     def __init__(self):
       self.reads = 0
@@ -391,6 +398,9 @@ def test_the_first_element_of_a_slow_source_waits_for_no_other(threads):
       return 60
 
     def __getitem__(self, i):
+      if i >= 5 and not gate.wait(timeout=30):  # Only a first next() that needs element 5+ waits it out.
+        gated_out.append(i)
+        gate.set()
       self.reads += 1
       time.sleep(0.002)
       return i
@@ -398,7 +408,8 @@ def test_the_first_element_of_a_slow_source_waits_for_no_other(threads):
   source = Slow()
   it = iter(loader.MapDataset.source(source).to_iter_dataset(loader.ReadOptions(num_threads=threads)))
   assert next(it) == 0
-  assert source.reads <= 5
+  gate.set()
+  assert not gated_out, f"the first next() waited for elements {gated_out}"
   assert list(it) == list(range(1, 60))
 
 

@@ -246,18 +246,31 @@ def test_close_from_another_thread_ends_a_waiting_consumer_with_a_clear_error():
   import threading  # pylint: disable=import-outside-toplevel
   it = iter(loader.MapDataset.range(10).map(_hangs_from_3).to_iter_dataset().mp_prefetch(
       loader.MultiprocessingOptions(num_workers=2, chunk_size=1)))
-  errors = []
+  errors, got = [], []
 
   def consume():
     try:
-      for _ in it:
-        pass
+      for x in it:
+        got.append(x)
     except BaseException as e:  # pylint: disable=broad-except
       errors.append(e)
 
+  def waiting_for_element_3():
+    # Its stack, not a sleep: spawned workers can take well over 2 s to start on a loaded
+    # machine, and a close() before the wait (or between elements) is another case.
+    frame = sys._current_frames().get(consumer.ident)  # pylint: disable=protected-access
+    names = set()
+    while frame is not None:
+      names.add(frame.f_code.co_name)
+      frame = frame.f_back
+    return got == [0, 1, 2] and "receive" in names
+
   consumer = threading.Thread(target=consume, daemon=True)
   consumer.start()
-  time.sleep(2)  # The consumer waits for element 3, which never comes.
+  deadline = time.monotonic() + 120
+  while not waiting_for_element_3() and time.monotonic() < deadline:  # It waits for element 3, which never comes.
+    time.sleep(0.05)
+  assert waiting_for_element_3(), (got, errors)
   pids = _producer(it).worker_pids
   it.close()
   consumer.join(30)
@@ -591,9 +604,22 @@ def test_small_dataset_with_slow_map_uses_every_worker():
   assert workers <= set(pids), f"workers {workers} vs pids used {set(pids)}"
 
 
-def _loader_workers() -> list[psutil.Process]:
-  return [p for p in psutil.Process().children()
-          if "resource_tracker" not in " ".join(p.cmdline()) and p.is_running()]
+def _loader_workers(before: frozenset[int] = frozenset()) -> list[psutil.Process]:
+  """Live children, less the resource tracker and those in `before`.
+
+  Earlier tests of the session can leave children behind for a while (an
+  iterator that only a later garbage collection stops, a process still
+  exiting): `before` holds the ones there before the pool started.
+  """
+  out = []
+  for p in psutil.Process().children():
+    try:
+      if (p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+          and "resource_tracker" not in " ".join(p.cmdline())):
+        out.append(p)
+    except psutil.Error:  # Gone meanwhile.
+      pass
+  return out
 
 
 def test_all_parts_of_a_mixture_share_one_pool_of_workers():
@@ -602,9 +628,10 @@ def test_all_parts_of_a_mixture_share_one_pool_of_workers():
       [M.range(100).to_iter_dataset(), M.range(100, 200).to_iter_dataset(),
        M.range(200, 300).map(lambda x: -x).to_iter_dataset()], [0.5, 0.3, 0.2]).batch(4)
   reference = list(make())
+  before = frozenset(p.pid for p in psutil.Process().children())
   with iter(make().mp_prefetch(loader.MultiprocessingOptions(num_workers=2))) as it:
     out = take(it, 5)
-    assert len(_loader_workers()) == 2  # Not 2 per part.
+    assert len(_loader_workers(before)) == 2  # Not 2 per part.
     out += list(it)
   assert_streams_equal(out, reference)
 
@@ -613,11 +640,12 @@ def test_closing_one_part_keeps_the_shared_pool_for_the_others():
   M = loader.MapDataset
   opts = loader.MultiprocessingOptions(num_workers=2)
   ds = loader.IterDataset.mix([M.range(50).to_iter_dataset(), M.range(50, 100).to_iter_dataset()]).mp_prefetch(opts)
+  before = frozenset(p.pid for p in psutil.Process().children())
   with iter(ds) as it:
     take(it, 4)
     first, second = it._parents  # The mixture's two MapDataset parts, sharing one pool.
     first.close()
-    pids = [p.pid for p in _loader_workers()]
+    pids = [p.pid for p in _loader_workers(before)]
     assert len(pids) == 2
     assert next(second) is not None  # Still served by the shared workers.
   assert not _wait_dead(pids, timeout=10)  # The last part to close stops the pool.
@@ -755,13 +783,18 @@ def _interrupted_after(it, seconds: float, got: list) -> None:
 @pytest.mark.parametrize("num_threads", [0, 16])
 def test_going_on_after_a_ctrl_c_without_workers_skips_nothing(num_threads):
   # As after "interrupt kernel" in a notebook: the loop stops, then goes on.
-  make = lambda: loader.MapDataset.range(400).map(_slightly_slow).to_iter_dataset(
+  # 2 ms elements, computed 16 at a time on 16 threads: 400 of them took
+  # ~60 ms there, close to the 50 ms interrupt (a faster machine could run
+  # out of elements first). Sized so that the stream takes ~0.8 s at best on
+  # any thread count.
+  n = 400 * max(1, num_threads)
+  make = lambda: loader.MapDataset.range(n).map(_slightly_slow).to_iter_dataset(
       loader.ReadOptions(num_threads=num_threads))
   it = iter(make())
   got = [next(it)]
   _interrupted_after(it, 0.05, got)
-  assert got == list(range(len(got))) and len(got) < 400
-  assert list(it) == list(range(len(got), 400))
+  assert got == list(range(len(got))) and len(got) < n
+  assert list(it) == list(range(len(got), n))
 
 
 def test_prefetch_to_device_loses_no_batch_to_a_ctrl_c():
