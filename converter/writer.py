@@ -83,6 +83,20 @@ def file_size(path: str) -> int:
     raise
 
 
+def remote_folder_listing(folder: str) -> dict[str, Any]:
+  """{name: Beam FileMetadata} of the objects directly in a remote (gs://) folder.
+
+  The folder's name is escaped for Beam's glob ('[', '*' and '?' in it are meant literally), and the one
+  listing under it is filtered here: Beam's `*` never matches a backslash, and left such objects out.
+  """
+  import glob  # pylint: disable=g-import-not-at-top
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  prefix = folder.rstrip("/") + "/"
+  found = FileSystems.match([glob.escape(prefix) + "**"])[0].metadata_list
+  return {m.path[len(prefix):]: m for m in found
+          if m.path.startswith(prefix) and m.path[len(prefix):] and "/" not in m.path[len(prefix):]}
+
+
 def output_identity(path: str) -> Any:
   """What publish() may replace at `path`: None if nothing is there.
 

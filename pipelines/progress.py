@@ -67,14 +67,11 @@ def _listing(folder: str) -> dict[str, tuple[int, float]]:
     except OSError:
       pass
     return out
-  from apache_beam.io.filesystems import FileSystems  # Only for gs:// and other URIs.
-  prefix = folder.rstrip("/") + "/"
   try:
-    found = FileSystems.match([prefix + "*"])[0].metadata_list
+    found = _writer.remote_folder_listing(folder)
   except Exception:  # pylint: disable=broad-except  # Nothing there yet.
     return {}
-  return {m.path[len(prefix):]: (m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0))
-          for m in found if "/" not in m.path[len(prefix):]}
+  return {name: (m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0)) for name, m in found.items()}
 
 
 def _listed(paths: Iterable[str]) -> dict[str, tuple[int, float] | None]:

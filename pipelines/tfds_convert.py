@@ -119,11 +119,7 @@ def _list_files(directory: str) -> list[str]:
   if _writer.is_local(directory):
     return sorted(n for n in os.listdir(directory)
                   if os.path.isfile(os.path.join(directory, n)))
-  from apache_beam.io.filesystems import FileSystems
-  prefix = directory.rstrip("/") + "/"
-  found = FileSystems.match([prefix + "*"])[0].metadata_list
-  return sorted(m.path[len(prefix):] for m in found
-                if "/" not in m.path[len(prefix):] and m.path[len(prefix):])
+  return sorted(_writer.remote_folder_listing(directory))
 
 
 def _metadata_files(dataset_dir: str, info: Mapping[str, Any]) -> tuple[str, ...]:

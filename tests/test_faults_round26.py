@@ -416,3 +416,23 @@ def test_a_shard_to_keep_deleted_after_planning_is_named_and_the_resume_converts
       ("a.array_record", "converted"), ("b.array_record", "existing")]
   for n, r in recs.items():
     assert ar_read(str(out / f"{n}.array_record")) == r
+
+
+# --- Listing a gs:// folder whose name holds glob characters -----------------------------------------------------
+
+
+def test_a_gcs_folder_with_brackets_is_listed_whole_for_progress_and_tfds(gcs):
+  # Was `FileSystems.match([folder + "/*"])`: `run[1]` read as a character class listed nothing (progress showed
+  # no shard done; a TFDS dataset there had no files), and Beam's `*` left out a name with a backslash.
+  from pipelines import progress, tfds_convert
+  B = f"gs://{emu.BUCKET}"
+  bucket = emu.client().bucket(emu.BUCKET)
+  for name in ("run[1]/a.array_record", "run[1]/b\\c.array_record", "run[1]/sub/nested", "run1/other",
+               "run[1]x/sibling", "run*/star"):
+    bucket.blob(name).upload_from_string(b"x" * 7)
+  listed = progress._listing(f"{B}/run[1]")  # pylint: disable=protected-access
+  assert sorted(listed) == ["a.array_record", "b\\c.array_record"]
+  assert listed["a.array_record"][0] == 7
+  assert tfds_convert._list_files(f"{B}/run[1]/") == ["a.array_record", "b\\c.array_record"]  # pylint: disable=protected-access
+  assert tfds_convert._list_files(f"{B}/run*") == ["star"]  # pylint: disable=protected-access
+  assert progress._listing(f"{B}/none") == {}  # pylint: disable=protected-access
