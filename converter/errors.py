@@ -223,10 +223,14 @@ class OutputError(ConversionError):
   """The output location cannot be used, found before any work starts."""
 
 
-class KeptOutputGoneError(OutputError):
-  """An output a resume was to keep was deleted after the run planned it."""
+class KeptOutputError(OutputError):
+  """An output a resume was to keep was deleted or damaged after the run planned it."""
 
   exit_code = 1  # Found while converting: shards may have been written.
+
+
+class KeptOutputGoneError(KeptOutputError):
+  """An output a resume was to keep was deleted after the run planned it."""
 
   def __init__(self, path: str):
     self.path = path

@@ -12,7 +12,7 @@ from apache_beam.metrics import Metrics
 from converter import manifest as _manifest
 from converter import writer as _writer
 from converter.errors import (ConcurrentRunError, CorruptRecordError, DamagedSinceError, InputChangedError, InputError,
-                              KeptOutputGoneError, OutputError)
+                              KeptOutputError, KeptOutputGoneError)
 from converter.manifest import RecordDigest
 from converter.options import ConvertOptions
 from converter.planning import ShardPlan, marker_entries, match_pattern, plan_shards
@@ -177,21 +177,21 @@ def kept_shard_entry(plan: ShardPlan) -> dict[str, Any]:
   except FileNotFoundError:
     # Deleted after planning (on Dataflow a shuffle lies between): a bare "[Errno 2] No such file" before.
     raise KeptOutputGoneError(plan.output) from None
-  records = (_manifest.array_record_count(plan.output) if _writer.is_local(plan.output)
-             else None)
-  trusted = (isinstance(prev.get("digest"), str) and prev.get("bytes_out") == bytes_out
-             and isinstance(prev.get("records"), int)
-             and (records is None or prev["records"] == records))
-  if trusted:
-    records, digest = prev["records"], prev["digest"]
-  else:
-    try:
+  try:
+    records = (_manifest.array_record_count(plan.output) if _writer.is_local(plan.output)
+               else None)
+    trusted = (isinstance(prev.get("digest"), str) and prev.get("bytes_out") == bytes_out
+               and isinstance(prev.get("records"), int)
+               and (records is None or prev["records"] == records))
+    if trusted:
+      records, digest = prev["records"], prev["digest"]
+    else:
       records, digest = _manifest.array_record_digest(plan.output)
-    except RuntimeError as e:  # array_record's reader: damaged or cut short since planning.
-      raise OutputError(
-          f"{plan.output} was to be kept (--skip-existing) but cannot be read as an ArrayRecord file "
-          f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); other shards may have been "
-          "converted already. Rerun with --overwrite to replace it, or remove it and rerun with --skip-existing.") from e
+  except RuntimeError as e:  # array_record's reader: damaged or cut short since planning.
+    raise KeptOutputError(
+        f"{plan.output} was to be kept (--skip-existing) but cannot be read as an ArrayRecord file "
+        f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); other shards may have been "
+        "converted already. Rerun with --overwrite to replace it, or remove it and rerun with --skip-existing.") from e
   keep = {k: prev[k] for k in ("compression", "record_bytes", "corrupt_records_skipped",
                                "input_truncated") if trusted and k in prev}
   try:

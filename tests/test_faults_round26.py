@@ -418,6 +418,27 @@ def test_a_shard_to_keep_deleted_after_planning_is_named_and_the_resume_converts
     assert ar_read(str(out / f"{n}.array_record")) == r
 
 
+
+def test_a_shard_to_keep_damaged_after_planning_is_a_mid_run_error(tmp_path):
+  # Was a plain OutputError, exit 2 ("refused before any work"), though other shards may have been written.
+  from converter import options as options_lib  # pylint: disable=g-import-not-at-top
+  from converter import planning, transforms  # pylint: disable=g-import-not-at-top
+  from converter.errors import KeptOutputError  # pylint: disable=g-import-not-at-top
+  inp = tmp_path / "in"
+  ft.write_tfrecords(str(inp / "a.tfrecord"), _records(5, b"a"))
+  out = tmp_path / "out"
+  assert convert.main(["--input", str(inp / "*"), "--output", str(out), "--quiet"]) == 0
+  plans = planning.plan_shards([str(inp / "a.tfrecord")], options_lib.ConvertOptions(output_dir=str(out),
+                                                                                      existing="skip"))
+  (out / "a.array_record").write_bytes(b"not an array record file, written after planning")
+  with pytest.raises(KeptOutputError) as raised:
+    transforms.kept_shard_entry(plans[0])
+  line = str(raised.value)
+  assert line.startswith(f"{out}/a.array_record was to be kept (--skip-existing) but cannot be read as an "
+                         "ArrayRecord file (") and "\n" not in line, line
+  assert line.endswith("Rerun with --overwrite to replace it, or remove it and rerun with --skip-existing.")
+  assert raised.value.exit_code == 1
+
 # --- Listing a gs:// folder whose name holds glob characters -----------------------------------------------------
 
 
