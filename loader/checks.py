@@ -118,6 +118,16 @@ class EmptyDatasetError(IndexError, ZeroDivisionError):
   """
 
 
+class FanOutMissingError(ValueError, AttributeError):
+  """A `FlatMapMapDataset` transform without `max_fan_out`: a ValueError, and the AttributeError
+  Grain 0.2.18 raises reading it (at `len()`, `ds[i]` or `iter()`, as here)."""
+
+
+class TransformTypeError(TypeError, AttributeError):
+  """A transform that is neither callable nor has the method its stage calls (`FlatMapIterDataset(ds, 5)`):
+  a TypeError, and the AttributeError Grain 0.2.18 raises looking the method up."""
+
+
 class IndexTypeError(TypeError, AttributeError):
   """A record index that is not an integer (`source[1.5]`): a TypeError, and the AttributeError
   Grain 0.2.18's ArrayRecordDataSource raises there (it calls `index.__index__()`)."""

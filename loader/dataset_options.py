@@ -145,13 +145,14 @@ class FilterRatioCheck:
   def first_failure(self, n: int, dropped: list[bool] | None = None) -> int | None:
     """Counts a run of `n` elements (`dropped[i]`: element i was filtered; None: none was).
 
-    Returns the offset in the run of the element whose window breaks the
-    raise threshold (the caller hands out the elements up to it, then raises
+    Returns the offset in the run of the element whose check raises (the
+    caller hands out the elements before it, consumes it, then raises
     `error()`), or None. Warnings are logged here.
     """
     i = 0
     while i < n:
-      take = min(n - i, CHECK_WINDOW - self._seen)
+      # After a failure the window stays open (as Grain's): each element judges it again.
+      take = min(n - i, max(1, CHECK_WINDOW - self._seen))
       if dropped is not None:
         self._dropped += sum(dropped[i:i + take])
       self._seen += take
@@ -166,18 +167,23 @@ class FilterRatioCheck:
 
   def error(self) -> FilterRatioError:
     return FilterRatioError(  # Grain's words, which client code matches.
-        f"Transformation {self._stage} skipped {self._last_ratio * 100:.2f} % of the last seen {CHECK_WINDOW} "
+        f"Transformation {self._stage} skipped {self._last_ratio * 100:.2f} % of the last seen {self._last_seen} "
         f"elements (filter_raise_threshold_ratio={self._raise}). Please check the filtering logic; if this is "
         "intended, pre-filter the data, or pass DatasetOptions(filter_raise_threshold_ratio=None) to "
         "WithOptionsIterDataset.")
 
   def _judge(self) -> bool:
-    """Closes the window; True if it breaks the raise threshold (warnings are logged here)."""
+    """Judges the open window; True if it breaks the raise threshold (warnings are logged here).
+
+    As Grain's check: a window that passes closes; one that fails stays open
+    and keeps counting, so the next elements fail too until the share of the
+    grown window falls under the threshold.
+    """
     ratio = self._dropped / self._seen
-    self._last_ratio = ratio
-    self._seen = self._dropped = 0
+    self._last_ratio, self._last_seen = ratio, self._seen
     if ratio >= self._raise:
       return True
+    self._seen = self._dropped = 0
     if ratio >= self._warn:
       now = time.monotonic()
       if now - self._last_warning >= _WARN_INTERVAL_S:
@@ -185,5 +191,5 @@ class FilterRatioCheck:
         _log.warning("Transformation %s skipped %.2f %% of the last seen %d elements. Please check the "
                      "filtering logic; if this is intended, pre-filter the data, or pass "
                      "DatasetOptions(filter_warn_threshold_ratio=None) to WithOptionsIterDataset.",
-                     self._stage, ratio * 100, CHECK_WINDOW)
+                     self._stage, ratio * 100, self._last_seen)
     return False

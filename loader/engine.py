@@ -700,25 +700,25 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     """Takes the next chunk into the buffer, or raises what comes at this position (an error, StopIteration)."""
     if self._error is not None:
       error, self._error = self._error, None
-      # An element's error consumes it; the filter-ratio check's error
-      # comes after the elements that closed its window, consuming none.
-      failed = 0 if isinstance(error, dataset_options.FilterRatioError) else 1
-      if failed and isinstance(self._producer, (ThreadChunkProducer, SyncChunkProducer)):
+      # An error consumes its element, as in Grain: a failed element, or the
+      # one whose filter-ratio check raised.
+      if (not isinstance(error, dataset_options.FilterRatioError)
+          and isinstance(self._producer, (ThreadChunkProducer, SyncChunkProducer))):
         # Workers note theirs (mp_prefetch); a user's map says nothing of where it was.
         error.add_note(f"Raised while computing element {self._buffer_start + self._pos} of "
                        f"{_safe_repr(self._ds)}; the stream goes on after it.")
-      at = realign.resume_at(error) if failed and self._unit > 1 else None
+      at = realign.resume_at(error) if self._unit > 1 else None
       if at is not None and isinstance(self._ds, realign.RealignedMapDataset):
         # As Grain's batch iterator: the next batch starts after the failed element (see loader.realign).
         # The position is after the failed batch first: a Ctrl-C during the move stays there.
-        self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
+        self._buffer_start = min(self._buffer_start + self._pos + 1, self._len)
         self._buffer, self._pos = [], 0
         self._go_to_element(at)
         try:
           raise error
         finally:
           error = None  # Else error -> traceback -> this frame -> error: a cycle keeping the iterator.
-      self._buffer_start = min(self._buffer_start + self._pos + failed, self._len)
+      self._buffer_start = min(self._buffer_start + self._pos + 1, self._len)
       self._buffer, self._pos = [], 0
       self._producer.reset(self._buffer_start)
       try:
@@ -757,9 +757,9 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     dropped = [x is None for x in buf]  # Not `None in buf`: that compares arrays with ==.
     at = check.first_failure(len(buf), dropped if True in dropped else None)
     if at is not None:
-      # As in Grain: the elements up to the one that closed the window come
-      # first, then the error; the next call goes on after them.
-      self._buffer = buf[:at + 1]
+      # As in Grain: the elements before the one whose check raised come
+      # first, then the error, which consumes that one.
+      self._buffer = buf[:at]
       self._error = check.error()
 
   def get_state(self) -> dict[str, Any]:

@@ -50,20 +50,25 @@ class FlatMapMapDataset(map_lib.MapDataset[T]):
       raise TypeError(f"FlatMapMapDataset needs a MapDataset parent (got {type(parent).__name__}); "
                       "use FlatMapIterDataset for an IterDataset.")
     max_fan_out = getattr(transform, "max_fan_out", None)
-    if max_fan_out is None:
-      raise ValueError(
-          f"FlatMapMapDataset needs transform.max_fan_out, the most elements one input can split into "
-          f"(got {transform!r} without it); set it on your FlatMap class, or use FlatMapIterDataset.")
-    self._max_fan_out = checks.check_int(max_fan_out, "max_fan_out", minimum=1, range_error=checks.ZeroSizeError)
+    # None: raised on first use, where Grain raises it (len(), ds[i], iter()).
+    self._max_fan_out = None if max_fan_out is None else checks.check_int(
+        max_fan_out, "max_fan_out", minimum=1, range_error=checks.ZeroSizeError)
     self._transform = transform
     self._flat_map = checks.resolve_fn(transform, "flat_map", "FlatMapMapDataset")
 
+  def _fan_out(self) -> int:
+    if self._max_fan_out is None:
+      raise checks.FanOutMissingError(
+          f"FlatMapMapDataset needs transform.max_fan_out, the most elements one input can split into "
+          f"(got {self._transform!r} without it); set it on your FlatMap class, or use FlatMapIterDataset.")
+    return self._max_fan_out
+
   def __len__(self) -> int:
-    parent_len = len(self._parent)
+    parent_len, fan_out = len(self._parent), self._fan_out()
     # An infinite parent stays infinite instead of overflowing (as in Grain).
-    if parent_len >= sys.maxsize / self._max_fan_out:
+    if parent_len >= sys.maxsize / fan_out:
       return sys.maxsize
-    return self._max_fan_out * parent_len
+    return fan_out * parent_len
 
   def _op_repr(self) -> str:
     return f".flat_map({checks.fn_name(self._flat_map)}, max_fan_out={self._max_fan_out})"
@@ -74,7 +79,7 @@ class FlatMapMapDataset(map_lib.MapDataset[T]):
 
   def _split(self, element: Any) -> Sequence[Any]:
     splits = _as_sequence(checks.call_user(self._flat_map, element))
-    if len(splits) > self._max_fan_out:
+    if len(splits) > self._fan_out():
       raise ValueError(
           f"flat_map of {checks.fn_name(self._flat_map)} returned {len(splits)} elements for one input, "
           f"more than max_fan_out={self._max_fan_out}. Raise max_fan_out (above ~100 iteration slows "
@@ -83,10 +88,11 @@ class FlatMapMapDataset(map_lib.MapDataset[T]):
 
   def _getitems(self, indices: np.ndarray) -> list[T | None]:
     if not len(indices):
+      self._fan_out()
       return []
     # Epochs need no special case: with len == fan_out * len(parent), slot i of
     # any epoch belongs to parent index i // fan_out of the same epoch.
-    parent_indices, positions = map_lib.divmod_index(indices, self._max_fan_out)
+    parent_indices, positions = map_lib.divmod_index(indices, self._fan_out())
     # Consecutive slots share a parent element: read and split each one once.
     unique, inverse = np.unique(parent_indices, return_inverse=True)
     splits = [None if x is None else self._split(x) for x in self._parent._getitems(unique)]  # pylint: disable=protected-access
@@ -117,6 +123,11 @@ class FlatMapIterDataset(iter_lib.SequentialIterDataset[T]):
     return f".flat_map({checks.fn_name(self._flat_map)})"
 
   def make_iterator(self, parent: iter_lib.DatasetIterator) -> iter_lib.DatasetIterator[T]:
+    if not callable(self._transform) and not callable(getattr(self._transform, "flat_map", None)):
+      # At iter(), where Grain looks its flat_map up (the elements would each raise it).
+      raise checks.TransformTypeError(
+          f"FlatMapIterDataset expects an object with a .flat_map() method or a callable "
+          f"(got {self._transform!r} of type {type(self._transform).__name__}).")
     return _FlatMapIterator(parent, self._flat_map)
 
 
