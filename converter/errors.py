@@ -369,3 +369,15 @@ def root_cause_line(exc: BaseException) -> str:
   message = message.split(" [while running")[0]
   kind = type(root).__name__
   return message if message.startswith(kind) else f"{kind}: {message}".rstrip(": ")
+
+
+def is_remote_not_found(error: BaseException) -> bool:
+  """Whether a gs:// storage error says the object does not exist.
+
+  google's own `NotFound` (code 404) when the client reads it; a BeamIOError
+  whose causes are 404s when Beam's filesystem asks for its metadata.
+  """
+  if type(error).__module__.startswith("google.") and getattr(error, "code", None) == 404:
+    return True
+  causes = getattr(error, "exception_details", None)
+  return isinstance(causes, dict) and any(getattr(c, "code", None) == 404 for c in causes.values())

@@ -18,7 +18,8 @@ from typing import BinaryIO, Iterator
 import crc32c as _crc32c
 import numpy as np
 
-from converter.errors import CompressionMismatchError, CorruptRecordError, InputError, NotTFRecordError
+from converter.errors import (CompressionMismatchError, CorruptRecordError, InputError, NotTFRecordError,
+                              is_remote_not_found)
 from loader import ondisk
 from loader.ondisk import RIEGELI_SIGNATURE, is_local
 from loader.iter_sources import tfrecord as tfrecord_source
@@ -603,9 +604,7 @@ def _remote_read_problem(error: Exception) -> str | None:
   "NotFound: 404 GET http://.../o/tfr%2Fx.tfrecord?projection=noAcl...", no OSError, naming the input only
   inside a URL. Other errors (a lost connection, a 5xx after retries) keep the CLI's own wording.
   """
-  if type(error).__module__.startswith("google.") and getattr(error, "code", None) == 404:
-    return "does not exist"
-  return None
+  return "does not exist" if is_remote_not_found(error) else None
 
 
 def _stat_of(f: BinaryIO, path: str) -> os.stat_result:

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from converter.errors import ClobberedOutputError, ConversionError, OutputWriteError
+from converter.errors import ClobberedOutputError, ConversionError, OutputWriteError, is_remote_not_found
 from converter.naming import split_uri
 from loader import ondisk
 from loader.ondisk import REPLACE_ANY, is_local
@@ -78,7 +78,7 @@ def file_size(path: str) -> int:
   try:
     return FileSystems.get_filesystem(path).metadata(path).size_in_bytes
   except BeamIOError as e:
-    if any(getattr(cause, "code", None) == 404 for cause in (e.exception_details or {}).values()):
+    if is_remote_not_found(e):
       raise FileNotFoundError(errno.ENOENT, "No such file or object", path) from None
     raise
 
@@ -93,8 +93,8 @@ def remote_folder_listing(folder: str) -> dict[str, Any]:
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
   prefix = folder.rstrip("/") + "/"
   found = FileSystems.match([glob.escape(prefix) + "**"])[0].metadata_list
-  return {m.path[len(prefix):]: m for m in found
-          if m.path.startswith(prefix) and m.path[len(prefix):] and "/" not in m.path[len(prefix):]}
+  names = ((m.path[len(prefix):], m) for m in found if m.path.startswith(prefix))
+  return {name: m for name, m in names if name and "/" not in name}
 
 
 def output_identity(path: str) -> Any:
