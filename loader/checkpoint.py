@@ -29,6 +29,7 @@ from typing import Any
 
 from loader import ondisk
 from loader import sharding
+from loader import state as state_lib
 
 _FORMAT = "arrayrecord-toolkit/loader-state"
 _VERSION = 1
@@ -76,6 +77,7 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
     # The temp name records this process, so a save killed midway (kill -9)
     # leaves a file the next save recognises as nobody's and removes.
     ondisk.remove_stale_temps_of(path)
+    _remove_killed_saves(directory)
   except OSError as e:
     ondisk.remove_empty_dirs(created)
     raise _save_error(e, path) from e
@@ -110,6 +112,38 @@ def _write_replacing(tmp: str, path: str, text: str) -> None:
     except OSError:  # Not made (on a read-only mount that is EROFS, not ENOENT): the caller's error
       pass           # says what to do.
     raise
+
+
+# How save_state's files start (sorted keys, indent=1): with or without the DataLoader's encoding line.
+_STARTS = tuple(f'{{\n{encoding} "format": "{_FORMAT}"'.encode() for encoding in ("", ' "encoding": "json-bytes",\n'))
+
+
+def _remove_killed_saves(directory: str) -> None:
+  """Removes the temp files that saves killed midway (kill -9, a preempted job) left beside other states.
+
+  A job saving step_100.json, step_200.json, ... never saves to a killed save's name again, so
+  `remove_stale_temps_of` alone left its temp for ever. Only regular files of dead processes on this
+  host that are empty or start as save_state's files do (its format line included: a single write puts
+  it there) are removed; a converter's temps are its own.
+  """
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return
+  for name in names:
+    parsed = ondisk.parse_temp_name(name)
+    if parsed is None or ondisk.is_alive(parsed[1]) is not False:
+      continue
+    temp = os.path.join(directory, name)
+    try:
+      if not stat.S_ISREG(os.lstat(temp).st_mode):
+        continue
+      with open(temp, "rb") as f:
+        head = f.read(len(max(_STARTS, key=len)))
+      if not head or head.startswith(_STARTS):  # Killed before its write, or during or after it.
+        os.remove(temp)
+    except OSError:
+      continue  # Gone meanwhile, or not ours to remove: the save goes on.
 
 
 _FORMAT_LINE = re.compile(rb'"format"\s*:\s*"' + re.escape(_FORMAT.encode()) + rb'"')
@@ -171,7 +205,11 @@ def _check_replaceable(path: str) -> None:
 def _save_error(e: OSError, path: str) -> OSError:
   """One line for a failed save_state: the checkpoint's path, what became of it, what to do."""
   kept = "is unchanged" if os.path.exists(path) else "was not created"
-  if e.errno in (errno.ENOSPC, errno.EDQUOT):
+  if e.errno == errno.ENOSPC and _no_free_inodes(path):
+    # "Free space there" sent the user to `df -h`, which shows space free; the converter says this too.
+    fix = ("Its filesystem has no free inodes left (`df -i` shows it), though it has free space: remove files "
+           "there (old checkpoints?) or save elsewhere")
+  elif e.errno in (errno.ENOSPC, errno.EDQUOT):
     fix = "Free space there or save elsewhere"
   elif isinstance(e, (FileExistsError, NotADirectoryError)):
     fix = _blocking_part(os.path.dirname(ondisk.local_abspath(path)))
@@ -184,6 +222,18 @@ def _save_error(e: OSError, path: str) -> OSError:
   else:
     fix = "Save elsewhere, or fix the folder's permissions or mount"
   return OSError(e.errno, f"{e.strerror}: cannot save the iterator state to {path}; the file {kept}. {fix}", path)
+
+
+def _no_free_inodes(path: str) -> bool:
+  """Whether the filesystem `path` would be on has free blocks but no free inodes (files) left."""
+  folder = os.path.dirname(ondisk.local_abspath(path))
+  while not os.path.isdir(folder) and folder != os.path.dirname(folder):  # Folders a failed save did not make.
+    folder = os.path.dirname(folder)
+  try:
+    st = os.statvfs(folder)
+  except (OSError, ValueError):
+    return False
+  return st.f_files > 0 and st.f_favail == 0 and st.f_bavail > 0
 
 
 def _blocking_part(directory: str) -> str:
@@ -294,6 +344,12 @@ def _set_naming_file(set_state_fn: Callable[[Any], None], state: Any, path: Any)
       e.add_note(f"(state file: {os.fspath(path)})")
       raise e from None
     raise named from e
+  except KeyError as e:  # A StateKeyError is a ValueError too: named above.
+    # A bare KeyError (a state lacking an entry its iterator reads) named neither the file nor what to do.
+    key = e.args[0] if len(e.args) == 1 else e
+    raise state_lib.StateKeyError(f"Cannot restore {os.fspath(path)}: the state has no {key!r} entry where this "
+                                  "iterator reads one: the file was edited or damaged; restore another checkpoint, "
+                                  "or start a fresh iterator.") from e
 
 
 # ---- Orbax -------------------------------------------------------------------

@@ -505,6 +505,10 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
              else "it was edited or damaged: restore another checkpoint, or start a fresh iterator")
       raise ValueError(f"DataLoader state version {version!r} is not supported "
                        f"(this loader reads versions {_V1_STATE_VERSION} to {_STATE_VERSION}); {fix}.")
+    if "dataset" not in state:  # Else a bare KeyError('dataset') below.
+      raise state_lib.StateKeyError(
+          f"DataLoader state (version {version}) has no 'dataset' entry, where its position is (keys "
+          f"{sorted(state)}): it was edited or damaged; restore another checkpoint, or start a fresh iterator.")
     if version != _STATE_VERSION:
       state = {**state, "dataset": self._in_records(state["dataset"])}
     source = self._data_loader._data_source  # pylint: disable=protected-access

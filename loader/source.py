@@ -765,7 +765,11 @@ class ArrayRecordSource:
   def _check_unchanged(self, file_index: int, local: list[int] | None = None) -> None:
     now = ondisk.file_id(self._paths[file_index])
     if now != self._ids[file_index]:
-      raise self._changed(file_index, _describe_change(self._ids[file_index], now), local)
+      # A folder, FIFO or broken link in its place was "replaced by another file" or "deleted".
+      problem = ondisk.file_problem(self._paths[file_index])
+      change = ("now it " + problem.what.split(", not a regular file")[0]
+                if problem is not None and problem.kind != "missing" else _describe_change(self._ids[file_index], now))
+      raise self._changed(file_index, change, local)
 
   def _changed(self, file_index: int, change: str, local: list[int] | None = None) -> FileChangedError:
     """The error for a changed file, naming the first record of the read that found it."""

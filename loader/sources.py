@@ -50,6 +50,10 @@ _RANGE_SUFFIX = re.compile(r"(.*)\[(\d+):(\d+)\]")
 _ITER_BATCH = 1024
 
 
+class RecordRangeError(ValueError, RuntimeError):
+  """A record range past a file's end (a RuntimeError too: Grain's reader raises one when it reads past it)."""
+
+
 def _is_file_instruction(path: Any) -> bool:
   # Duck-typed like array_record's runtime-checkable FileInstruction protocol,
   # so TFDS's objects work without importing TFDS.
@@ -174,7 +178,11 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
       if start is None:
         continue
       if not 0 <= start <= end <= n:
-        raise ValueError(f"Record range [{start}:{end}) of {f} is outside its {n} records.")
+        why = ("its start must be at least 0 and at most its end" if not 0 <= start <= end else
+               "it ends past the file's last record: the file was replaced by a shorter one or cut since the "
+               "range (a '[start:end]' suffix, or a TFDS file instruction's skip and take) was made")
+        raise RecordRangeError(f"Record range [{start}:{end}) of {f} is outside its {n} records: {why}; check the "
+                               f"file, or read a range within [0:{n}].")
       first[e], takes[e] = start, end - start
     ends = np.cumsum(takes)
     offsets = self._starts + first - (ends - takes)

@@ -190,6 +190,14 @@ class _ConcatThenSplitIterator(iter_dataset.DatasetIterator):
     if not isinstance(slices, Mapping) or set(slices) != set(self._config.sliced_keys):
       raise ValueError(f"{owner}.set_state: remainder_slices must have the keys {list(self._config.sliced_keys)} "
                        f"(got {slices!r}). Was it saved from a different pipeline?")
+    for k in self._config.sliced_keys:
+      pair = list(slices[k]) if isinstance(slices[k], np.ndarray) and slices[k].ndim == 1 else slices[k]
+      # int() took 1.5 as 1 (and resumed elsewhere) where Grain's slicing raises a TypeError.
+      if not (isinstance(pair, (list, tuple)) and len(pair) == 2
+              and all(checks.is_int(i) or isinstance(i, bool) for i in pair)):
+        raise state_lib.StateTypeError(
+            f"{owner}.set_state: remainder_slices[{k!r}] must be a pair of integers [start, end] as get_state() "
+            f"wrote it (got {pair!r}); the state was edited or damaged: restore another checkpoint, or start afresh.")
     slices = {k: tuple(int(i) for i in slices[k]) for k in self._config.sliced_keys}
     replay = checks.check_int(state["elements_from_buffer_after_checkpoint"],
                               "elements_from_buffer_after_checkpoint", minimum=0)
