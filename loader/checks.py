@@ -252,13 +252,22 @@ def fn_name(fn: Callable[..., Any]) -> str:
   return getattr(fn, "__qualname__", None) or type(fn).__qualname__
 
 
+# Grain's words first (client code matches them), then how to pass one.
+_NO_SEED = {
+    "random_map()": ("`random_map` requires a seed. Please either provide it with `ds.seed(seed)` before any random "
+                     "transformations or pass it directly with `ds.random_map(transform, seed=seed)`."),
+    "shuffle()": "`shuffle` requires a seed. Please provide it with `ds.seed(seed)` or pass `ds.shuffle(seed=seed)`.",
+}
+
+
 def seed_or_default(parent: Any, seed: int | None, what: str, *, any_size: bool = False,
                     floats: str = "integral") -> int:
   """The checked seed of an op on `parent`: `seed`, else derived from upstream `seed()` calls."""
   if seed is None:
     seed = default_seed(parent)
     if seed is None:
-      raise ValueError(f"{what} needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
+      raise ValueError(_NO_SEED.get(what) or
+                       f"{what} needs a seed: pass seed=... or call ds.seed(...) earlier in the pipeline.")
     return seed
   return check_seed(seed, what, any_size=any_size, floats=floats)
 

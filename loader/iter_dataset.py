@@ -292,8 +292,11 @@ class MapBackedIterDataset(IterDataset[T]):
     if self.unit > 1 and realign.realignable(ds, self.unit_batch):
       ds = realign.RealignedMapDataset(ds, self.unit_batch)
     producer = engine.make_producer(ds, self.read_options)
-    return engine.MapDatasetIterator(ds, producer, allow_nones=self.allow_nones,
-                                     unit=self.unit, unit_len=self.unit_len, grain_layers=self.grain_layers)
+    it = engine.MapDatasetIterator(ds, producer, allow_nones=self.allow_nones,
+                                   unit=self.unit, unit_len=self.unit_len, grain_layers=self.grain_layers)
+    # Grain's PrefetchDatasetIterator field: client telemetry reads it as the read-ahead capacity.
+    it._target_prefetch_buffer_size = self.read_options.prefetch_buffer_size  # pylint: disable=protected-access
+    return it
 
 
 class SequentialIterDataset(IterDataset[T]):

@@ -113,7 +113,7 @@ def test_seed_validation_shows_value(seed):
 
 
 def test_missing_seed_is_explained():
-  with pytest.raises(ValueError, match=r"shuffle\(\) needs a seed"):
+  with pytest.raises(ValueError, match=r"`shuffle` requires a seed. Please provide it with `ds.seed\(seed\)`"):
     _ints(3).shuffle()
 
 
