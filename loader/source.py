@@ -241,6 +241,26 @@ def _check_file(path: str) -> None:
   raise NotArrayRecordError(f"{ondisk.shown(path)} is not an ArrayRecord file: it {problem.what}; {problem.fix}.")
 
 
+def _matched_files(matches: list[str], given: str) -> list[str]:
+  """The files among a pattern's (or folder's) matches, sorted; folders among them are passed over.
+
+  A match that is neither (a broken link, a FIFO) is refused in one line: passing over it would read a
+  dataset short of that shard's records without a word.
+  """
+  files = []
+  for f in sorted(matches):
+    if os.path.isdir(f):
+      continue
+    if not os.path.isfile(f):
+      try:
+        _check_file(f)
+      except (MissingFileError, NotArrayRecordError) as e:
+        how = "holds" if os.path.isdir(given) else "matches"
+        raise type(e)(f"{ondisk.shown(given)} {how} {ondisk.shown(f)}, which cannot be read: {e}") from None
+    files.append(f)
+  return files
+
+
 def _refuse_manifest(path: str, given: str) -> None:
   """A converted folder's manifest given as a data file (directly, or matched by `folder/*`): say to pass the folder."""
   if os.path.basename(path) != MANIFEST_NAME:
@@ -446,8 +466,7 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
       if os.path.exists(os.path.join(p, MANIFEST_NAME)):
         files.extend(_read_manifest(p))
         continue
-      found = sorted(f for f in glob.glob(os.path.join(glob.escape(p), "*.array_record*"))
-                     if os.path.isfile(f))
+      found = _matched_files(glob.glob(os.path.join(glob.escape(p), "*.array_record*")), p)
       if not found:
         raise MissingFileError(f"Directory {ondisk.shown(p)} has neither a {MANIFEST_NAME} nor any "
                                f"*.array_record* files{_tfrecords_hint(p)}.")
@@ -457,7 +476,7 @@ def _resolve_paths(paths) -> list[tuple[str, int | None]]:
       _refuse_manifest(p, p)
       files.append((p, None))
     elif glob.has_magic(p):
-      found = sorted(f for f in glob.glob(p) if os.path.isfile(f))
+      found = _matched_files(glob.glob(p), p)
       if not found:
         raise MissingFileError(f"No files match the pattern {p!r}{_tilde_hint(p) or '.'}")
       for f in found:

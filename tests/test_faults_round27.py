@@ -29,6 +29,10 @@ real signals) before the fix:
   and then raises a RuntimeError ("index 10 out of bound 10"). Now a RecordRangeError, a ValueError and a
   RuntimeError, that says the file was replaced or cut since the range was made, or that its start is
   negative or after its end.
+- (Lead, from the audit's notes) A glob (`d/*.array_record`) or a folder whose matches held a broken link or
+  a FIFO passed over it: a dataset short of that shard's records, without a word. Now one line naming the
+  pattern or folder and the entry, as for a path given directly; folders among the matches are still
+  passed over.
 - A ConcatThenSplitIterDataset state whose remainder_slices held a fraction ([1.5, 2]) was taken as [1, 2]
   and resumed at another element; Grain 0.2.18 raises a TypeError in set_state there. Now a
   StateTypeError (a TypeError and a ValueError) naming the key and the value, and the file via restore_state.
@@ -641,3 +645,32 @@ def test_bad_mix_weights_and_long_packed_elements_fail_where_grain_fails_with_it
   mix = lambda g: list(g.IterDataset.mix([g.MapDataset.range(0).to_iter_dataset(),
                                           g.MapDataset.range(5).to_iter_dataset()]))
   assert mix(loader) == mix(grain) == []
+
+
+def test_a_broken_link_or_fifo_among_a_patterns_or_folders_shards_is_refused_not_passed_over(tmp_path):
+  """Before, `*.array_record` and a folder passed over a broken link or a FIFO: a dataset short of a shard."""
+  from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / "d"
+  folder.mkdir()
+  for f in range(2):
+    w = ArrayRecordWriter(str(folder / f"s{f}.array_record"), "group_size:1")
+    for r in range(3):
+      w.write(b"%d" % r)
+    w.close()
+  (folder / "sub.array_record").mkdir()  # A folder among the matches is passed over, as before.
+  pattern = str(folder / "*.array_record")
+  assert len(loader.ArrayRecordSource(pattern)) == len(loader.ArrayRecordSource(str(folder))) == 6
+  link = folder / "s2.array_record"
+  os.symlink(tmp_path / "moved.array_record", link)
+  for given, how in ((pattern, "matches"), (str(folder), "holds")):
+    with pytest.raises(FileNotFoundError) as e:
+      loader.ArrayRecordSource(given)
+    assert str(e.value) == (
+        f"{given} {how} {link}, which cannot be read: ArrayRecord file not found: {link}: it is a broken symbolic "
+        f"link (to '{tmp_path / 'moved.array_record'}', which does not exist); fix or remove the link.")
+  link.unlink()
+  os.mkfifo(folder / "s3.array_record")
+  for given in (pattern, str(folder)):
+    with pytest.raises(ValueError, match=r"s3.array_record, which cannot be read: .* is not an ArrayRecord file: it "
+                                         r"is a FIFO \(named pipe\)"):
+      loader.ArrayRecordSource(given)
