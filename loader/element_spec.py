@@ -81,13 +81,13 @@ def transformed(transform: Any, parent: Any) -> Any:
 def batched(parent: Any, batch_size: int, drop_remainder: bool, batch_fn: Callable[..., Any] | None) -> Any:
   """The spec after a batch: a leading axis of `batch_size` (None if the last batch may be short)."""
   fn = batch_fn.func if isinstance(batch_fn, functools.partial) else batch_fn
+  parent_spec = get_element_spec(parent)  # First, as Grain: an unknown parent spec is its error, whatever the batch_fn.
   if fn is not None and callable(getattr(fn, "output_spec", None)):
-    return fn.output_spec(get_element_spec(parent), batch_size, drop_remainder)
+    return fn.output_spec(parent_spec, batch_size, drop_remainder)
   if fn is not None and fn is not batching.make_batch:
     raise NotImplementedError("Element spec inference is not supported with custom batching functions")
   size = batch_size if drop_remainder else None
-  return batching.map_leaves(lambda x: ShapeDtypeStruct(shape=(size, *x.shape), dtype=x.dtype),
-                       get_element_spec(parent))
+  return batching.map_leaves(lambda x: ShapeDtypeStruct(shape=(size, *x.shape), dtype=x.dtype), parent_spec)
 
 
 def rebatched(parent: Any, batch_size: int) -> Any:

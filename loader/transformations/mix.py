@@ -39,6 +39,7 @@ loader stage does, and the next call goes on with the mixture.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import sys
@@ -56,6 +57,7 @@ from loader.transforms import DatasetSelectionMap
 
 T = TypeVar("T")
 
+_log = logging.getLogger("loader")
 _MAX_TABLE = 1 << 20  # Period table entries; beyond, use the formula per index.
 
 
@@ -85,10 +87,19 @@ def _flatten(datasets: Any, weights: Any, what: str) -> tuple[tuple[str, ...] | 
     names = tuple(sorted(datasets))
     flat = [datasets[k] for k in names]
     if isinstance(weights, Mapping):
-      if set(weights) != set(names):
+      if len(weights) != len(names):
+        raise checks.WeightsCountError(f"{what}: weights must have the same keys as datasets "
+                                       f"(datasets: {list(names)}, weights: {sorted(weights)}).")
+      if set(weights) != set(names) and what.startswith("MapDataset"):
+        # Grain 0.2.18's MapDataset.mix takes no dict weights at all: nothing to run as Grain runs it.
         raise ValueError(f"{what}: weights must have the same keys as datasets "
                          f"(datasets: {list(names)}, weights: {sorted(weights)}).")
-      weights = [weights[k] for k in names]
+      if set(weights) != set(names):
+        # Grain 0.2.18's IterDataset.mix flattens both dicts and pairs them in sorted key order: so here too.
+        _log.warning("%s: the weights' keys %s are not the datasets' %s; they are paired in sorted key order, as "
+                     "Grain pairs them: %s.", what, sorted(weights), list(names),
+                     ", ".join(f"{n}={weights[k]!r}" for n, k in zip(names, sorted(weights))))
+      weights = [weights[k] for k in sorted(weights)]
   elif _is_collection(datasets) and not isinstance(datasets, (map_lib.MapDataset, iter_lib.IterDataset)):
     # Any collection, as Grain takes: a list, a tuple, dict.values().
     names, flat = None, list(datasets)
