@@ -136,9 +136,11 @@ def _remove_killed_saves(directory: str) -> None:
       continue
     temp = os.path.join(directory, name)
     try:
-      if not stat.S_ISREG(os.lstat(temp).st_mode):
-        continue
-      with open(temp, "rb") as f:
+      # Not following a link, not blocking on a FIFO put there meanwhile; then a regular file only.
+      fd = os.open(temp, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+      with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+          continue
         head = f.read(len(max(_STARTS, key=len)))
       if not head or head.startswith(_STARTS):  # Killed before its write, or during or after it.
         os.remove(temp)
@@ -346,10 +348,10 @@ def _set_naming_file(set_state_fn: Callable[[Any], None], state: Any, path: Any)
     raise named from e
   except KeyError as e:  # A StateKeyError is a ValueError too: named above.
     # A bare KeyError (a state lacking an entry its iterator reads) named neither the file nor what to do.
-    key = e.args[0] if len(e.args) == 1 else e
-    raise state_lib.StateKeyError(f"Cannot restore {os.fspath(path)}: the state has no {key!r} entry where this "
-                                  "iterator reads one: the file was edited or damaged; restore another checkpoint, "
-                                  "or start a fresh iterator.") from e
+    entry = f"no {e.args[0]!r} entry" if len(e.args) == 1 else "an entry missing"
+    raise state_lib.StateKeyError(f"Cannot restore {ondisk.shown(os.fspath(path))}: the state has {entry} where "
+                                  "this iterator reads one: the file was edited or damaged; restore another "
+                                  "checkpoint, or start a fresh iterator.") from e
 
 
 # ---- Orbax -------------------------------------------------------------------

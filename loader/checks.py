@@ -118,9 +118,11 @@ class EmptyDatasetError(IndexError, ZeroDivisionError):
   """
 
 
-class FanOutMissingError(ValueError, AttributeError):
-  """A `FlatMapMapDataset` transform without `max_fan_out`: a ValueError, and the AttributeError
-  Grain 0.2.18 raises reading it (at `len()`, `ds[i]` or `iter()`, as here)."""
+class FanOutMissingError(ValueError, AttributeError, TypeError):
+  """A `FlatMapMapDataset` transform without `max_fan_out`: a ValueError, and what Grain 0.2.18 raises
+  using it (AttributeError where it is missing, TypeError where it is None). Raised on first use, as in
+  Grain: `len()`, `ds[i]`, `iter()`, and here also building a stage that takes the length (`shuffle`,
+  `to_iter_dataset`)."""
 
 
 class TransformTypeError(TypeError, AttributeError):

@@ -142,7 +142,16 @@ class FilterRatioCheck:
     if self._seen >= CHECK_WINDOW and self._judge():
       raise self.error()
 
-  def first_failure(self, n: int, dropped: list[bool] | None = None) -> int | None:
+  def counts(self) -> tuple[int, int]:
+    """The open window's (seen, dropped), to go back to with `recount`."""
+    return self._seen, self._dropped
+
+  def recount(self, counts: tuple[int, int], n: int, dropped: list[bool] | None) -> None:
+    """Goes back to `counts`, then counts a run of `n` again, logging nothing (a read-ahead taken back)."""
+    self._seen, self._dropped = counts
+    self.first_failure(n, dropped, quiet=True)
+
+  def first_failure(self, n: int, dropped: list[bool] | None = None, *, quiet: bool = False) -> int | None:
     """Counts a run of `n` elements (`dropped[i]`: element i was filtered; None: none was).
 
     Returns the offset in the run of the element whose check raises (the
@@ -158,7 +167,7 @@ class FilterRatioCheck:
       self._seen += take
       i += take
       if self._seen >= CHECK_WINDOW:
-        if self._judge():
+        if self._judge(quiet):
           return i - 1
         if dropped is None:  # The rest fills windows that drop nothing.
           self._seen = (n - i) % CHECK_WINDOW
@@ -172,7 +181,7 @@ class FilterRatioCheck:
         "intended, pre-filter the data, or pass DatasetOptions(filter_raise_threshold_ratio=None) to "
         "WithOptionsIterDataset.")
 
-  def _judge(self) -> bool:
+  def _judge(self, quiet: bool = False) -> bool:
     """Judges the open window; True if it breaks the raise threshold (warnings are logged here).
 
     As Grain's check: a window that passes closes; one that fails stays open
@@ -184,7 +193,7 @@ class FilterRatioCheck:
     if ratio >= self._raise:
       return True
     self._seen = self._dropped = 0
-    if ratio >= self._warn:
+    if ratio >= self._warn and not quiet:
       now = time.monotonic()
       if now - self._last_warning >= _WARN_INTERVAL_S:
         self._last_warning = now

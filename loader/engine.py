@@ -663,6 +663,10 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     # first chunk: options are final only once the whole tree is built).
     self._ratio_check: dataset_options.FilterRatioCheck | None | bool = (
         not allow_nones and ds._may_contain_none)  # pylint: disable=protected-access
+    # The check counts a chunk when it arrives; Grain counts elements as they
+    # are handed out. (counts before the chunk, its dropped mask) lets a move
+    # (set_state) take back the elements not handed out.
+    self._ratio_undo: tuple[tuple[int, int], list[bool] | None] | None = None
     producer.reset(0)
 
   def start_prefetch(self) -> None:
@@ -698,6 +702,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
 
   def _refill(self) -> None:
     """Takes the next chunk into the buffer, or raises what comes at this position (an error, StopIteration)."""
+    self._ratio_undo = None  # The buffer was all handed out: the check's counts are exact.
     if self._error is not None:
       error, self._error = self._error, None
       # An error consumes its element, as in Grain: a failed element, or the
@@ -755,7 +760,9 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
         return
     buf = self._buffer
     dropped = [x is None for x in buf]  # Not `None in buf`: that compares arrays with ==.
-    at = check.first_failure(len(buf), dropped if True in dropped else None)
+    mask = dropped if True in dropped else None
+    self._ratio_undo = (check.counts(), mask)
+    at = check.first_failure(len(buf), mask)
     if at is not None:
       # As in Grain: the elements before the one whose check raised come
       # first, then the error, which consumes that one.
@@ -814,6 +821,10 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
           f"{type(self).__name__}.{what}: next_index must be an integer in "
           f"[0, {length}] for this dataset (got {k!r}); was the state saved from another dataset?")
     here, here_view = self._buffer_start + self._pos, self._ds
+    undo, self._ratio_undo = self._ratio_undo, None
+    if undo is not None:  # The buffer goes: only its elements handed out stay counted, as in Grain.
+      counts, mask = undo
+      self._ratio_check.recount(counts, self._pos, None if mask is None else mask[:self._pos])
     try:
       if view is not here_view:
         self._producer.reset(0)

@@ -33,6 +33,7 @@ from typing import Any, SupportsIndex
 import numpy as np
 
 from loader import checks
+from loader import ondisk
 from loader import source as source_lib
 from loader.source import RandomAccessDataSource
 
@@ -179,10 +180,10 @@ class ArrayRecordDataSource(source_lib.ArrayRecordSource):
         continue
       if not 0 <= start <= end <= n:
         why = ("its start must be at least 0 and at most its end" if not 0 <= start <= end else
-               "it ends past the file's last record: the file was replaced by a shorter one or cut since the "
-               "range (a '[start:end]' suffix, or a TFDS file instruction's skip and take) was made")
-        raise RecordRangeError(f"Record range [{start}:{end}) of {f} is outside its {n} records: {why}; check the "
-                               f"file, or read a range within [0:{n}].")
+               "it ends past the file's last record: is the range (a '[start:end]' suffix, or a TFDS file "
+               "instruction's skip and take) right? If it was, the file was replaced by a shorter one or cut since")
+        raise RecordRangeError(f"Record range [{start}:{end}) of {ondisk.shown(f)} is outside its {n} records: "
+                               f"{why}; check the file, or read a range within [0:{n}].")
       first[e], takes[e] = start, end - start
     ends = np.cumsum(takes)
     offsets = self._starts + first - (ends - takes)

@@ -544,9 +544,9 @@ def test_a_record_range_past_a_replaced_shards_end_names_the_file_and_is_grains_
       loader.sources.ArrayRecordDataSource(paths)
     assert isinstance(e.value, ValueError)
     assert str(e.value) == (
-        f"Record range [5:30) of {shard} is outside its 10 records: it ends past the file's last record: the file "
-        "was replaced by a shorter one or cut since the range (a '[start:end]' suffix, or a TFDS file "
-        "instruction's skip and take) was made; check the file, or read a range within [0:10].")
+        f"Record range [5:30) of {shard} is outside its 10 records: it ends past the file's last record: is the "
+        "range (a '[start:end]' suffix, or a TFDS file instruction's skip and take) right? If it was, the file was "
+        "replaced by a shorter one or cut since; check the file, or read a range within [0:10].")
 
 
 _BAD = {4, 11}

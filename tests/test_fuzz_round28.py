@@ -158,3 +158,46 @@ def test_flat_map_iter_dataset_takes_a_plain_function_as_documented():
   # Grain refuses it at iter(); the README lists this under "Accepted where Grain raises an AttributeError".
   with pytest.raises(AttributeError, match="'function' object has no attribute 'flat_map'"):
     iter(grain.experimental.FlatMapIterDataset(grain.MapDataset.range(3).to_iter_dataset(), lambda x: [x, -x]))
+
+
+def test_flat_map_fan_out_none_and_a_non_callable_flat_map_fail_as_grain_fails():
+  """Found by review: `max_fan_out = None` is Grain's TypeError; a `flat_map` attribute that is no function fails
+  each element at `next()` in Grain, not at `iter()`."""
+
+  class NoneFanOut(_NoFanOut):
+    max_fan_out = None
+
+  class FiveFlatMap:
+    flat_map = 5
+
+  for lib in (grain, loader):
+    with pytest.raises(TypeError):
+      len(lib.experimental.FlatMapMapDataset(lib.MapDataset.range(3), NoneFanOut()))
+    it = iter(lib.experimental.FlatMapIterDataset(lib.MapDataset.range(3).to_iter_dataset(), FiveFlatMap()))
+    with pytest.raises(TypeError):
+      next(it)
+
+
+def test_filter_ratio_counts_after_set_state_on_a_live_iterator_as_in_grain():
+  """Found by review: loader counts a read-ahead chunk when it arrives; a set_state dropped the chunk but kept its
+  counts, so restoring the position an iterator was at (twice) made element 200 fail, 1,900 elements early."""
+
+  def run(lib):
+    ds = lib.MapDataset.range(5000).filter(lambda x: x < 1500 or x % 5 < 2).to_iter_dataset()
+    it = iter(lib.experimental.WithOptionsIterDataset(
+        ds, lib.experimental.DatasetOptions(filter_raise_threshold_ratio=0.5)))
+    errors = []
+    for step in range(2200):
+      if step in (100, 200, 1000):
+        it.set_state(it.get_state())
+      try:
+        next(it)
+      except ValueError:
+        errors.append(step)
+    return errors
+
+  expected = run(grain)
+  assert expected[:2] == [2100, 2101] and len(expected) == 100
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    assert run(loader) == expected

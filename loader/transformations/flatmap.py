@@ -123,8 +123,8 @@ class FlatMapIterDataset(iter_lib.SequentialIterDataset[T]):
     return f".flat_map({checks.fn_name(self._flat_map)})"
 
   def make_iterator(self, parent: iter_lib.DatasetIterator) -> iter_lib.DatasetIterator[T]:
-    if not callable(self._transform) and not callable(getattr(self._transform, "flat_map", None)):
-      # At iter(), where Grain looks its flat_map up (the elements would each raise it).
+    if not callable(self._transform) and not hasattr(self._transform, "flat_map"):
+      # At iter(), where Grain looks its flat_map up. (One that is not callable fails each element, as in Grain.)
       raise checks.TransformTypeError(
           f"FlatMapIterDataset expects an object with a .flat_map() method or a callable "
           f"(got {self._transform!r} of type {type(self._transform).__name__}).")
