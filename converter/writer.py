@@ -229,14 +229,13 @@ def sweep_dead_staging(directory: str) -> None:
     names = os.listdir(directory)
   except OSError:
     return
+  staged = []
   for name in names:
     m = _STAGING_RE.match(name)
-    # A name without a host is an older version's: taken as this host's.
-    if m and ondisk.is_alive(dataclasses.replace(here, pid=int(m[1]), start=0, host=m["host"] or here.host)) is False:
-      try:
-        os.remove(os.path.join(directory, name))
-      except OSError:
-        pass  # Another user's, or already gone.
+    if m:  # A name without a host is an older version's: taken as this host's.
+      owner = dataclasses.replace(here, pid=int(m[1]), start=0, host=m["host"] or here.host)
+      staged.append((os.path.join(directory, name), owner))
+  ondisk.remove_dead_owners(staged, keep_going_on=OSError)  # Skipping another user's, or one already gone.
 
 
 def write_bytes_atomic(path: str, data: bytes) -> None:

@@ -76,8 +76,7 @@ def save_state(path: str | os.PathLike, iterator: Any) -> Any:
     created = ondisk.make_dirs(directory)
     # The temp name records this process, so a save killed midway (kill -9)
     # leaves a file the next save recognises as nobody's and removes.
-    ondisk.remove_stale_temps_of(path)
-    _remove_killed_saves(directory)
+    ondisk.remove_stale_temps_of(path, also_others_if=_is_killed_save)
   except OSError as e:
     ondisk.remove_empty_dirs(created)
     raise _save_error(e, path) from e
@@ -118,34 +117,24 @@ def _write_replacing(tmp: str, path: str, text: str) -> None:
 _STARTS = tuple(f'{{\n{encoding} "format": "{_FORMAT}"'.encode() for encoding in ("", ' "encoding": "json-bytes",\n'))
 
 
-def _remove_killed_saves(directory: str) -> None:
-  """Removes the temp files that saves killed midway (kill -9, a preempted job) left beside other states.
+def _is_killed_save(temp: str) -> bool:
+  """Whether a dead process's temp file beside a state is a killed save_state's (kill -9, a preempted job).
 
-  A job saving step_100.json, step_200.json, ... never saves to a killed save's name again, so
-  `remove_stale_temps_of` alone left its temp for ever. Only regular files of dead processes on this
-  host that are empty or start as save_state's files do (its format line included: a single write puts
-  it there) are removed; a converter's temps are its own.
+  A job saving step_100.json, step_200.json, ... never saves to a killed save's name again, so only
+  removing temps of the name being saved left its temp for ever. A regular file that is empty or starts
+  as save_state's files do (its format line included: a single write puts it there) is one; a
+  converter's temps, links and FIFOs are not.
   """
   try:
-    names = os.listdir(directory)
+    # Not following a link, not blocking on a FIFO put there meanwhile; then a regular file only.
+    fd = os.open(temp, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+      if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        return False
+      head = f.read(len(max(_STARTS, key=len)))
   except OSError:
-    return
-  for name in names:
-    parsed = ondisk.parse_temp_name(name)
-    if parsed is None or ondisk.is_alive(parsed[1]) is not False:
-      continue
-    temp = os.path.join(directory, name)
-    try:
-      # Not following a link, not blocking on a FIFO put there meanwhile; then a regular file only.
-      fd = os.open(temp, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-      with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-          continue
-        head = f.read(len(max(_STARTS, key=len)))
-      if not head or head.startswith(_STARTS):  # Killed before its write, or during or after it.
-        os.remove(temp)
-    except OSError:
-      continue  # Gone meanwhile, or not ours to remove: the save goes on.
+    return False  # Gone meanwhile, or not ours to read: the save goes on.
+  return not head or head.startswith(_STARTS)  # Killed before its write, or during or after it.
 
 
 _FORMAT_LINE = re.compile(rb'"format"\s*:\s*"' + re.escape(_FORMAT.encode()) + rb'"')

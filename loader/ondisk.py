@@ -664,38 +664,54 @@ def remove_stale_temps(directory: str, *, also_own: bool = False) -> list[str]:
   be a live run's work. `also_own` also removes this process's temp files
   (after an interrupted run).
   """
-  return _remove_stale(temp_files(directory), also_own=also_own)
+  return remove_dead_owners(temp_files(directory), also_own=also_own)
 
 
-def remove_stale_temps_of(final_path: str) -> list[str]:
-  """Removes the temp files beside `final_path` (made for it by temp_name) of dead processes on this host."""
+def remove_stale_temps_of(final_path: str, *, also_others_if: Callable[[str], bool] | None = None) -> list[str]:
+  """Removes the temp files beside `final_path` of dead processes on this host; returns their paths.
+
+  Those temp_name made for `final_path` are removed; with `also_others_if`, so are those made for other
+  names in the same folder for which it returns True (it is asked only about dead owners' files).
+  One listing of the folder serves both.
+  """
   directory = os.path.dirname(local_abspath(final_path))
-  base = os.path.basename(final_path)
   try:
     names = os.listdir(directory)
   except OSError:
     return []
-  parsed = ((os.path.join(directory, name), parse_temp_name(name)) for name in names)
+  base = temp_base(os.path.basename(final_path))
+  own, others = [], []
+  for name in names:
+    parsed = parse_temp_name(name)
+    if parsed is not None:
+      (own if parsed[0] == base else others).append((os.path.join(directory, name), parsed[1]))
   # A save goes on whatever stale file it cannot remove (another user's, say).
-  base = temp_base(base)
-  return _remove_stale([(path, p[1]) for path, p in parsed if p and p[0] == base], keep_going_on=OSError)
+  removed = remove_dead_owners(own, keep_going_on=OSError)
+  if also_others_if is not None:
+    removed += remove_dead_owners(others, keep_going_on=OSError, only_if=also_others_if)
+  return removed
 
 
-def _remove_stale(temps: list[tuple[str, Owner]], *, also_own: bool = False,
-                  keep_going_on: type[OSError] = FileNotFoundError) -> list[str]:
+def remove_dead_owners(temps: list[tuple[str, Owner]], *, also_own: bool = False,
+                       keep_going_on: type[OSError] = FileNotFoundError,
+                       only_if: Callable[[str], bool] | None = None) -> list[str]:
   """Removes those of `temps` whose owner is dead (or, with `also_own`, is this process); returns them.
 
-  A removal failing with `keep_going_on` is skipped; other errors propagate.
+  `only_if`, when given, must also return True for a path before it is removed. A removal failing
+  with `keep_going_on` is skipped; other errors propagate.
   """
   me = this_process()
   removed = []
   for path, owner in temps:
-    if is_alive(owner) is False or (also_own and owner == me):
-      try:
-        os.remove(path)
-        removed.append(path)
-      except keep_going_on:
-        pass
+    if not (is_alive(owner) is False or (also_own and owner == me)):
+      continue
+    if only_if is not None and not only_if(path):
+      continue
+    try:
+      os.remove(path)
+      removed.append(path)
+    except keep_going_on:
+      pass
   return removed
 
 
