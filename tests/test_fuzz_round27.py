@@ -38,7 +38,6 @@ import functools
 import json
 import random
 import time
-import warnings
 import zlib
 
 import numpy as np
@@ -47,6 +46,7 @@ import pytest
 grain = pytest.importorskip("grain")
 import grain.experimental  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 import loader  # pylint: disable=g-import-not-at-top,wrong-import-position
+from fuzz_elements import adder as _adder, leafmap as _leafmap, quiet as _quiet, random_add as _random_add  # pylint: disable=unused-import
 from loader import state as state_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SEED = 2027
@@ -74,35 +74,12 @@ def canon(x):
   return (type(x).__name__, x)
 
 
-def _leafmap(f, x):
-  if isinstance(x, dict):
-    return {k: _leafmap(f, v) for k, v in x.items()}
-  if isinstance(x, tuple):
-    return tuple(_leafmap(f, v) for v in x)
-  if isinstance(x, list):
-    return [_leafmap(f, v) for v in x]
-  if x is None or isinstance(x, (str, bytes, bool, np.bool_)):
-    return x
-  if isinstance(x, np.ndarray) and x.dtype.kind not in "iuf":
-    return x
-  return f(x)
-
-
-def _adder(k):
-  return lambda x: _leafmap(lambda v: v + k, x)
-
-
 def _hash(x) -> int:
   return zlib.crc32(repr(canon(x)).encode())
 
 
 def _keeper(m, r):
   return lambda x: _hash(x) % m != r
-
-
-def _random_add(x, rng):
-  k = int(rng.integers(0, 1000))
-  return _leafmap(lambda v: v + k, x)
 
 
 def _with_index(i, x):
@@ -477,13 +454,6 @@ def compare(spec):
 
 def describe(spec) -> str:
   return repr(spec)
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    yield
 
 
 # ---------------------------------------------------------------------------

@@ -48,7 +48,6 @@ import importlib
 import random
 import signal
 import time
-import warnings
 import zlib
 
 import numpy as np
@@ -58,6 +57,7 @@ grain = pytest.importorskip("grain")
 import grain.experimental  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 import grain.python  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 import loader  # pylint: disable=g-import-not-at-top,wrong-import-position
+from fuzz_elements import adder as _adder, leafmap as _leafmap, quiet as _quiet, random_add as _random_add  # pylint: disable=unused-import
 import loader.python  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 
 SEED = 2029
@@ -106,26 +106,8 @@ def canon(x):
   return ("obj", type(x).__name__, repr(x))
 
 
-def _leafmap(f, x):
-  if isinstance(x, dict):
-    return {k: _leafmap(f, v) for k, v in x.items()}
-  if isinstance(x, tuple):
-    return tuple(_leafmap(f, v) for v in x)
-  if isinstance(x, list):
-    return [_leafmap(f, v) for v in x]
-  if x is None or isinstance(x, (str, bytes, bool, np.bool_)):
-    return x
-  if isinstance(x, np.ndarray) and x.dtype.kind not in "iuf":
-    return x
-  return f(x)
-
-
 def _hash(x) -> int:
   return zlib.crc32(repr(canon(x)).encode())
-
-
-def _adder(k):
-  return lambda x: _leafmap(lambda v: v + k, x)
 
 
 def _keeper(m, r):
@@ -138,11 +120,6 @@ def _failer(m):
       raise ValueError(f"bad element {x!r}")
     return x
   return fail
-
-
-def _random_add(x, rng):
-  k = int(rng.integers(0, 1000))
-  return _leafmap(lambda v: v + k, x)
 
 
 def make_element(kind, i):
@@ -800,13 +777,6 @@ def _compare(spec):
   if grain_exact and _same_stream(g["stream"], lo["stream"]) and lo["other_states_bad"]:
     diffs.append(("grain state on loader at step", lo["other_states_bad"][:2]))
   return diffs, True, grain_exact
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    yield
 
 
 def known_difference(spec) -> bool:
