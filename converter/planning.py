@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import fnmatch
 import glob
 import os
 import posixpath
@@ -58,26 +59,68 @@ def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
   wanted = _GlobFilter(query, skip_under)
   paths = sorted(m.path for m in metadata
                  if not m.path.rstrip("/").endswith("/" + MANIFEST_NAME) and wanted(m.path))
-  if local:
-    # Beam's glob silently drops broken links; a missing shard must not go unnoticed.
+  if local and wanted.magic:
+    # What Beam's listing misses, the shell's glob (and Python's) finds: a broken link (Beam drops it; a
+    # missing shard must not go unnoticed), a name with a backslash (Beam's `*` is `[^/\\]*`, for Windows
+    # paths; such a file comes from a Windows tool's archive), and the files at the top of a `**/` (Beam's
+    # needs one folder at least).
     found = set(paths)
-    for p in sorted(glob.glob(query, recursive=True)):
-      if os.path.islink(p) and not os.path.exists(p) and wanted(p):
-        check_regular_file(p)
-      # Beam's `*` never matches a backslash (`[^/\\]*`, for Windows paths), so `in/*` dropped a shard named
-      # `a\b.tfrecord` (legal here: a file unpacked from a Windows tool's archive) without a word; the
-      # shell's `*`, and Python's, match it.
-      if "\\" in p and p not in found and wanted(p) and posixpath.basename(p) != MANIFEST_NAME:
+    for p in _local_glob(query):
+      if p not in found and wanted(p) and posixpath.basename(p) != MANIFEST_NAME:
         paths.append(p)
-    paths.sort()
-    if wanted.magic:
-      paths = [p for p in paths if not os.path.isdir(p)]  # `in/*` also lists in/some_folder.
+    paths = [p for p in sorted(paths) if not os.path.isdir(p)]  # `in/*` also lists in/some_folder.
+  if local:
+    if not wanted.magic and not paths and os.path.islink(query):
+      paths = [query]  # A broken link given by name, where Beam finds no file: refused below.
     for p in paths:
-      check_regular_file(p)  # A directory or FIFO given by name, or a FIFO matched.
+      check_regular_file(p)  # A directory or FIFO given by name, or a FIFO or broken link matched.
   if not paths:
     raise NoInputFilesError(pattern, _outputs_only_hint(pattern, metadata, wanted, skip_under)
                             or _no_files_hint(pattern, query))
   return paths
+
+
+def _local_glob(query: str) -> list[str]:
+  """The paths a local glob matches as bash's globstar does: `**` is any number of folders (none too) and
+  does not enter linked folders (a link to `.` would make it endless); other parts match one name each
+  (following links). Folders are listed as they are found; nothing is read."""
+  parts = query.split("/")
+  fixed = 0
+  while fixed < len(parts) and not glob.has_magic(parts[fixed]):
+    fixed += 1
+  found: set[str] = set()
+
+  def walk(folder: str, rest: list[str]) -> None:
+    if not rest:
+      found.add(folder)
+      return
+    part, after = rest[0], rest[1:]
+    if part == "**":
+      walk(folder, after)  # No folder at all.
+      names = _listed(folder)
+      for name in names:
+        path = os.path.join(folder, name)
+        if not os.path.islink(path) and os.path.isdir(path):
+          walk(path, rest)
+      return
+    names = [part] if not glob.has_magic(part) else [n for n in _listed(folder) if fnmatch.fnmatchcase(n, part)]
+    for name in names:
+      path = os.path.join(folder, name)
+      if not after:
+        if os.path.lexists(path):
+          found.add(path)
+      elif os.path.isdir(path):
+        walk(path, after)
+
+  walk("/".join(parts[:fixed]) or "/", parts[fixed:])
+  return sorted(found)
+
+
+def _listed(folder: str) -> list[str]:
+  try:
+    return os.listdir(folder)
+  except OSError:
+    return []  # Gone, or not listable: Beam's listing (or the hint for no match) says so.
 
 
 # Beam's glob translates `*` to this, which never matches a backslash (for Windows paths).
@@ -85,7 +128,8 @@ _BEAM_STAR = r"[^/\\]*"
 
 
 def _match_remote(query: str) -> list[Any]:
-  """FileSystems.match for a gs:// pattern with a `*`, whose `*` also matches a backslash, as the shell's does.
+  """FileSystems.match for a gs:// pattern with a `*`, whose `*` also matches a backslash and whose `**/` also
+  matches no folder, as the shell's do.
 
   Beam's own match lists every object under the pattern's fixed prefix, then filters them with a regex whose
   `*` is `[^/\\]*`, so `gs://b/tfr/*` left out an object named `tfr/a\\b.tfrecord` without a word. The same
@@ -94,7 +138,9 @@ def _match_remote(query: str) -> list[Any]:
   from apache_beam.io.filesystem import FileSystem  # pylint: disable=g-import-not-at-top
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
   prefix = re.match(r"^[^[*?]*", query).group(0)
-  regex = re.compile(FileSystem.translate_pattern(query).replace(_BEAM_STAR, "[^/]*"))
+  # `**/` may also be no folder at all (Beam's `.*/` needs one), as in the shell's and Python's glob; in the
+  # translation a literal '.' is escaped, so `/.*/` comes only from a whole `**` part.
+  regex = re.compile(FileSystem.translate_pattern(query).replace(_BEAM_STAR, "[^/]*").replace("/.*/", "/(?:.*/)?"))
   listed = FileSystems.match([prefix + "**"])[0].metadata_list
   matched = [m for m in listed if regex.match(m.path)]
   if not matched:  # Beam's own words for a pattern that matches nothing (a hint is added from them).
@@ -126,25 +172,18 @@ class _GlobFilter:
       fixed += 1
     self.magic = fixed < len(parts)
     self._scheme, self._parts, self._fixed = scheme, parts, fixed
-    base = "/".join(parts[:fixed])
-    self._skip = self._converted_in = None
+    self._converted_in = None
     if skip_under is not None and self.magic and scheme == split_uri(skip_under)[0]:
       out = ondisk.local_abspath(skip_under) if scheme == "" else split_uri(skip_under)[1]
-      out = out.rstrip("/")
-      if out.startswith(base.rstrip("/") + "/"):
-        self._skip = out + "/"  # Strictly inside the listed folder: never the inputs' own folder.
-      else:
-        # Converting in place (or into a folder above the inputs): ArrayRecord
-        # files there are outputs, of this run's interrupted start for one.
-        self._converted_in = out + "/"
+      # ArrayRecord files there are outputs (of this run's interrupted start, for one); its TFRecord files are
+      # inputs, even where the output folder is one of several the pattern lists (`data/*/*.tfrecord`).
+      self._converted_in = out.rstrip("/") + "/"
 
   def is_output(self, path: str) -> bool:
     """Whether a matched path is one of the output folder's own files, never an input."""
     if not self.magic:
       return False
     rest = split_uri(path)[1].rstrip("/")
-    if self._skip is not None and (rest + "/").startswith(self._skip):
-      return True
     # A gs:// object is read (a request each) only where its name is an output's.
     return (self._converted_in is not None and rest.startswith(self._converted_in)
             and (self._scheme == "" or "array_record" in posixpath.basename(rest))
@@ -158,7 +197,9 @@ class _GlobFilter:
     rest = split_uri(path)[1].rstrip("/")
     got = rest.split("/")[self._fixed:]
     wild = self._parts[self._fixed:]
-    if "**" in "/".join(wild) or len(got) != len(wild):
+    if "**" not in "/".join(wild) and len(got) != len(wild):
+      return False  # Beam's `?` and `[...]` match a '/', the shell's and Python's never do.
+    if len(got) != len(wild):
       dots_asked = any(w.startswith(".") for w in wild)
       return dots_asked or not any(g.startswith(".") for g in got)
     return all(w.startswith(".") or not g.startswith(".") for g, w in zip(got, wild))
@@ -433,6 +474,28 @@ def _same_input(entry: dict[str, Any] | None, path: str) -> bool:
           and size == _writer.file_size(path))
 
 
+def _first_records_differ(path: str, output: str, compression: str) -> bool:
+  """Whether a local output's first record is not its input's (False where either cannot be read).
+
+  Asked only of outputs no manifest entry describes (the manifest deleted, or shards copied without it):
+  a same-named shard of another split has the same name and often the same size.
+  """
+  if not (_writer.is_local(path) and _writer.is_local(output)):
+    return False
+  try:
+    from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
+    from converter.tfrecord import TFRecordReader  # pylint: disable=g-import-not-at-top
+    first_in = next(iter(TFRecordReader(path, compression=compression)), None)
+    reader = ArrayRecordReader(output)
+    try:
+      first_out = reader.read([0])[0] if reader.num_records() else None
+    finally:
+      reader.close()
+  except Exception:  # pylint: disable=broad-except
+    return False  # A damaged first record (converted with on_corrupt='skip'?) cannot tell.
+  return first_in != first_out
+
+
 _END_BYTES = 1 << 20
 
 
@@ -575,6 +638,12 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
           f"Inputs {seen[o]!r} and {i!r} would both be written to {o!r}. Rename "
           "one of them or convert them into different output directories.")
     same = on_disk.get(_real(o)) or on_disk.get(file_key(o))
+    if same is not None and _starts_as_array_record(same) is True:
+      raise ConversionError(
+          f"The input {same!r} is an ArrayRecord file, where the output of {i!r} goes (an earlier conversion's "
+          "output?): leave it out of the inputs (a glob that matches only the TFRecord files; with the Python "
+          "API, MatchFiles(patterns, skip_under=output_dir) leaves out the output folder's own files as "
+          "arrayrecord-convert does).")
     if same is not None:
       raise ConversionError(f"Output {o!r} would overwrite the input {same!r} (the same file on disk); "
                             "choose another --output.")
@@ -621,6 +690,12 @@ def plan_shards(inputs: list[str], options: ConvertOptions,
         f"were written with --writer-options {written_with!r} (manifest.json says so), not this run's "
         f"{options.writer_options!r}, so --skip-existing would mix the two in one dataset; rerun with "
         f"--writer-options {written_with!r} to resume"))
+  unrecorded = [f"{o} (first record not {i}'s)" for i, o in zip(inputs, outputs)
+                if o in complete and o not in previous and _first_records_differ(i, o, options.compression)]
+  if unrecorded:
+    raise OutputExistsError(unrecorded, "hold other records than their inputs and no manifest.json says what they "
+                                        "were converted from (another split's shards?), so --skip-existing cannot "
+                                        "keep them")
   others = [f"{o} (from {previous[o]['input']}, not {i})" for i, o in zip(inputs, outputs)
             if o in complete and not _same_input(previous.get(o), i)]
   if others:

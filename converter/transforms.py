@@ -27,16 +27,20 @@ class MatchFiles(beam.PTransform):
   to the bucket); a pattern that matches nothing fails with its name.
   """
 
-  def __init__(self, patterns: str | Iterable[str]):
+  def __init__(self, patterns: str | Iterable[str], skip_under: str | None = None):
+    """`skip_under`: the conversion's output folder, whose own files (its ArrayRecord files, its manifest) a
+    wildcard then leaves out, as arrayrecord-convert's --input does: a glob over a folder converted in place
+    would otherwise list that run's outputs as inputs."""
     super().__init__()
     self._patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     if not self._patterns:
       raise ValueError("MatchFiles needs at least one pattern.")
+    self._skip_under = skip_under
 
   def expand(self, pbegin):
     return (pbegin
             | "Patterns" >> beam.Create(self._patterns)
-            | "Match" >> beam.FlatMap(match_pattern))
+            | "Match" >> beam.FlatMap(match_pattern, skip_under=self._skip_under))
 
 
 class _PlanFn(beam.DoFn):

@@ -85,6 +85,6 @@ def add_conversion(p: beam.Pipeline, options: ConvertOptions, *,
   if files is not None:
     paths = p | "Inputs" >> beam.Create(sorted(files))
   else:
-    paths = p | "MatchInputs" >> MatchFiles(list(patterns))
+    paths = p | "MatchInputs" >> MatchFiles(list(patterns), skip_under=options.output_dir)
   # Every ConvertOptions field is a ConvertToArrayRecord argument of the same name.
   return paths | "ConvertToArrayRecord" >> ConvertToArrayRecord(**dataclasses.asdict(options))
