@@ -179,6 +179,29 @@ def test_the_python_api_resuming_in_place_is_not_told_its_outputs_are_its_inputs
     assert sorted(os.path.basename(s["input"]) for s in m["shards"]) == sorted(recs)
 
 
+def test_match_files_told_the_output_folder_resumes_a_conversion_in_place(tmp_path, ar_read):
+  import apache_beam as beam
+  from converter import ConvertToArrayRecord, MatchFiles
+  inp = tmp_path / "in"
+  recs = {f"x.tfrecord-{s:05d}-of-00002": records(f"s{s}") for s in range(2)}
+  for name, r in recs.items():
+    ft.write_tfrecords(inp / name, r)
+
+  def convert_in_place(existing):
+    with beam.Pipeline() as p:
+      _ = p | MatchFiles([str(inp / "*")], skip_under=str(inp)) | ConvertToArrayRecord(str(inp), existing=existing)
+
+  convert_in_place("error")
+  last = sorted(recs)[1]
+  os.remove(inp / ft.out_name(last))  # As a run stopped before its last shard leaves it.
+  convert_in_place("skip")
+  m = json.loads((inp / "manifest.json").read_text())
+  assert sorted((os.path.basename(s["input"]), s["status"]) for s in m["shards"]) == [
+      (sorted(recs)[0], "existing"), (last, "converted")]
+  for name, r in recs.items():
+    assert ar_read(str(inp / ft.out_name(name))) == r
+
+
 def test_skip_existing_without_a_manifest_never_keeps_another_splits_shards_as_this_ones(tmp_path, capsys, ar_read,
                                                                                         monkeypatch):
   monkeypatch.chdir(tmp_path)

@@ -267,3 +267,38 @@ def test_converting_in_place_on_gcs_resumes(gcs):
   for name in names:
     local = emu.download(f"{folder}/{_out_name(name)}", os.path.join(gcs["folder"], "dl-inplace", name))
     assert read_array_record(local) == _records(name, 5)
+
+
+def test_a_double_star_pattern_on_gcs_also_matches_the_objects_at_its_top(gcs):
+  # As the shell's globstar and Python's glob: `tfr/**/*` is every object under tfr/, tfr/train.* included
+  # (Beam's own `**/` needs one folder at least, and listed only tfr/sub/*).
+  from converter import expand_patterns
+  got = expand_patterns([f"{B}/tfr/**/*"])
+  assert got == sorted(f"{B}/tfr/{name}" for name in SHARDS)
+
+
+def test_the_dataflow_path_converting_in_place_resumes_with_the_same_pattern(gcs):
+  """arrayrecord-dataflow lists its inputs in the pipeline: MatchFiles(skip_under=output) leaves its outputs out."""
+  folder = f"{B}/inplace-df"
+  names = ["d.tfrecord-00000-of-00002", "d.tfrecord-00001-of-00002"]
+  for name in names:
+    local = write_tfrecords_tf(os.path.join(gcs["folder"], "inplace-df", name), _records(name, 4), None)
+    emu.upload(local, f"{folder}/{name}")
+  from converter import ConvertOptions
+  import apache_beam as beam
+  from pipelines import build
+
+  def run(existing):
+    options = ConvertOptions(output_dir=folder, existing=existing)
+    with beam.Pipeline(options=build.pipeline_options([f"--project={emu.PROJECT}"])) as p:
+      build.add_conversion(p, options, patterns=[f"{folder}/*"])
+
+  run("error")
+  emu.client().bucket(emu.BUCKET).blob(f"inplace-df/{_out_name(names[1])}").delete()
+  run("skip")  # The same pattern now also lists the first run's outputs; they are not inputs.
+  manifest = json.loads(emu.client().bucket(emu.BUCKET).blob("inplace-df/manifest.json").download_as_bytes())
+  assert sorted((os.path.basename(s["input"]), s["status"]) for s in manifest["shards"]) == [
+      (names[0], "existing"), (names[1], "converted")]
+  for name in names:
+    local = emu.download(f"{folder}/{_out_name(name)}", os.path.join(gcs["folder"], "dl-inplace-df", name))
+    assert read_array_record(local) == _records(name, 4)
