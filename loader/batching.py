@@ -100,6 +100,26 @@ def _stack_leaves(values: Sequence[Any], path: str) -> np.ndarray:
   return stacked
 
 
+class _NoneElement:
+  """What a custom batch_fn's None travels as through the random-access part, where None marks a filtered hole.
+
+  An iterator-level batch folded into the MapDataset (`to_iter_dataset().batch(n, batch_fn=f)`) hands out f's
+  None as an element, as Grain's does; the engine's iterator turns this back into None. Pickled by name, so it
+  stays the one object across worker processes.
+  """
+
+  __slots__ = ()
+
+  def __reduce__(self) -> str:
+    return "NONE_ELEMENT"
+
+  def __repr__(self) -> str:
+    return "NONE_ELEMENT"
+
+
+NONE_ELEMENT = _NoneElement()
+
+
 def make_batch(values: Sequence[Any]) -> Any:
   """Stacks `values` along a new leading axis, recursing into containers.
 

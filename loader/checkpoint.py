@@ -324,13 +324,55 @@ def restore_state(path: str | os.PathLike, iterator: Any) -> Any:
   return state
 
 
+def _files_changed_since(iterator: Any, path: Any) -> list[str]:
+  """The ArrayRecord files `iterator` reads that were written (or replaced) after the state file `path`."""
+  from loader import source as source_lib  # pylint: disable=g-import-not-at-top
+  try:
+    saved_at = os.stat(path).st_mtime_ns
+  except (OSError, TypeError, ValueError):
+    return []
+  roots = [getattr(iterator, "_loader_dataset", None),
+           getattr(getattr(iterator, "_data_loader", None), "_data_source", None)]
+  files: dict[str, None] = {}
+  seen: set[int] = set()
+
+  def visit(d: Any, depth: int) -> None:
+    if d is None or depth > 256 or id(d) in seen:
+      return
+    seen.add(id(d))
+    for s in (d, getattr(d, "_source", None)):
+      if isinstance(s, source_lib.ArrayRecordSource):
+        files.update(dict.fromkeys(s.paths))
+    for parent in getattr(d, "parents", ()) or ():
+      visit(parent, depth + 1)
+
+  for root in roots:
+    visit(root, 0)
+  changed = []
+  for f in files:
+    try:
+      st = os.stat(f)
+    except OSError:
+      continue  # Gone: the refusal says what differs.
+    if st.st_mtime_ns > saved_at:  # Not ctime: a chmod, a hard link or a copy at job start moves it.
+      changed.append(f)
+  return changed
+
+
 def _set_naming_file(set_state_fn: Callable[[Any], None], state: Any, path: Any) -> None:
   """`set_state_fn(state)`; a refusal (which names what differs) also names the file the state came from."""
   try:
     set_state_fn(state)
   except (ValueError, TypeError) as e:
+    changed = (_files_changed_since(getattr(set_state_fn, "__self__", None), path)
+               if getattr(e, "concerns_sources", False) else [])
+    why = ""
+    if changed:
+      more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+      why = (f" ({ondisk.shown(changed[0])}{more} was modified after this state was saved: a state holds positions "
+             "in the files as they were; restore a state saved after the change, or start a fresh iterator)")
     try:
-      named = type(e)(f"Cannot restore {os.fspath(path)}: {e}")
+      named = type(e)(f"Cannot restore {os.fspath(path)}: {e}{why}")
     except Exception:  # pylint: disable=broad-except  # An exception class with another signature.
       e.add_note(f"(state file: {os.fspath(path)})")
       raise e from None

@@ -295,6 +295,8 @@ def default_seed(parent: Any) -> int | None:
     seed = getattr(node, "_seed_rng_seed", None)
     if getattr(node, "_seed_transparent", False):
       to_visit.extend((p, depth) for p in getattr(node, "parents", ()) or ())
+    elif seed is None and getattr(node, "_hides_parent_seeds", False):
+      continue  # As Grain's InterleaveIterDataset, which lists no parents: seeds under it reach no op above.
     elif seed is not None:
       # An IterDataset.seed() folded into the MapDataset lies one level deeper
       # than Grain's node above to_iter_dataset(): count it where Grain has it.

@@ -34,6 +34,7 @@ import collections.abc
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -322,15 +323,28 @@ class DataLoader:
     shard_index, shard_count, workers, stride = self._worker_layout(grain_workers)
     seen = state["last_seen_indices"]
     try:
-      offsets = [int(seen[str(w)]) - shard_index - w * shard_count for w in range(workers)]
-    except (KeyError, TypeError, ValueError):
+      listed = [seen[str(w)] for w in range(workers)]
+    except (KeyError, TypeError):
       raise ValueError(f"This DataLoader state's last_seen_indices {seen!r} do not list workers 0..{workers - 1} "
                        f"as Grain's do for worker_count={grain_workers}.") from None
+    # Numbers only, as Grain's arithmetic on them (which takes True and 1.5 too) needs: "3" is its TypeError.
+    wrong = [v for v in listed if not isinstance(v, (int, float)) or isinstance(v, float) and not math.isfinite(v)]
+    if wrong:
+      raise state_lib.StateTypeError(
+          f"This DataLoader state's last_seen_indices {seen!r} hold {wrong[0]!r}, not a record index: it was "
+          "edited or damaged; restore another checkpoint, or start a fresh iterator.")
+    offsets = [int(v) - shard_index - w * shard_count for w, v in enumerate(listed)]
     if any(o % stride for o in offsets):
       raise ValueError(f"This Grain state was written by another shard or worker layout: its last seen indices "
                        f"{seen} are not those of shard {shard_index} of {shard_count} with {grain_workers} workers.")
     consumed = [o // stride + 1 for o in offsets]
     k = sum(consumed)
+    if min(consumed) < 0 or k > self._pipeline.num_positions:
+      # Grain's IndexError ("next_index out of range"), where a clamped position would end or restart the epoch.
+      raise state_lib.PositionOutOfRangeError(
+          f"This DataLoader state's last_seen_indices {seen!r} are out of range: they say {k} records of this "
+          f"shard's {self._pipeline.num_positions} were read. Were they edited? Restore another checkpoint, or "
+          "start a fresh iterator.")
     if any(n != max(0, -(-(k - w) // workers)) for w, n in enumerate(consumed)):
       raise ValueError(
           f"Cannot resume this Grain state exactly: its {workers} workers had read {consumed} records each, "
@@ -361,7 +375,20 @@ def _replace_position(state: Any, position: int) -> tuple[Any, int]:
   return state, 0
 
 
+class _StrStateDecodeError(json.JSONDecodeError, AttributeError):
+  """A str given as the state that is not JSON: Grain's `state.decode()` raises AttributeError on any str."""
+
+
 def _decode(state: Any) -> dict[str, Any]:
+  if isinstance(state, str):
+    # Loader takes a state's JSON as str too (read from a file as text); what is not JSON is also Grain's error.
+    try:
+      json.loads(state)
+    except json.JSONDecodeError as e:
+      raise _StrStateDecodeError(f"DataLoader state is not JSON ({e.msg}); pass the bytes "
+                                 "DataLoaderIterator.get_state() returned (not a str). At", e.doc, e.pos) from None
+    except ValueError:
+      pass  # Worded below.
   if isinstance(state, (bytes, bytearray)):
     try:
       state = bytes(state).decode()
@@ -397,7 +424,7 @@ class _NotBytesStateError(_NotADictStateError, AttributeError):
   """A state that is no bytes, str or dict (None, an object): also the AttributeError of Grain's `state.decode()`."""
 
 
-class _ForeignDictStateError(ValueError, AttributeError):
+class _ForeignDictStateError(state_lib.StateMismatchError, AttributeError):
   """A dict given as the state that is no DataLoader state: Grain's `state.decode()` raises AttributeError."""
 
 
@@ -491,7 +518,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     elif set(state) == _GRAIN_STATE_KEYS:
       self._set_grain_state(state)
     else:
-      raise (_ForeignDictStateError if given_dict else ValueError)(
+      raise (_ForeignDictStateError if given_dict else state_lib.StateMismatchError)(
           f"Not a DataLoader state (keys {sorted(state)}); expected the bytes "
                        "DataLoaderIterator.get_state() returned, from loader or Grain 0.2.18 (Grain's states of "
                        "pipelines with a FlatMap are dataset states, which loader cannot resume).")
@@ -526,8 +553,16 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
       return
     if differ:
       key, mine = differ[0]
-      raise ValueError(f"DataLoader state is for another pipeline: {key} {state.get(key)!r} != this "
-                       f"DataLoader's {mine!r}.")
+      saved = state.get(key)
+      changed = (key == "data_source" and isinstance(saved, str) and isinstance(mine, str) and saved != mine
+                 and state_lib.without_content_hash(saved) == state_lib.without_content_hash(mine))
+      why = (" (the same file names and record counts, but the files' content changed since the state was saved: "
+             "regenerated or replaced?)" if changed else "")
+      error = state_lib.StateMismatchError(
+          f"DataLoader state is for another pipeline: {key} {saved!r} != this DataLoader's {mine!r}{why}; "
+          "restore it into the DataLoader that saved it, or start a fresh iterator.")
+      error.concerns_sources = key == "data_source" and not changed  # Else it says so itself.
+      raise error
     if version != _V1_STATE_VERSION and "last_seen_indices" in state:
       try:
         grain_keys = {k: state[k] for k in _GRAIN_POSITION_KEYS}

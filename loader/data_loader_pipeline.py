@@ -197,6 +197,10 @@ def apply(ds: Any, op: Op, lean: bool, ends_stream: bool = False) -> Any:
   """
   mark = _EndsStream if ends_stream else lambda fn: fn  # Legacy operations mark their own errors.
   if op.kind == "batch":
+    if lean and op.fn is not None and isinstance(ds, map_dataset.MapDataset):
+      # Grain batches on its iterator: a batch_fn's None is an element there, not a filtered hole.
+      return map_dataset.BatchMapDataset(ds, op.batch_size, drop_remainder=op.drop_remainder, batch_fn=op.fn,
+                                         none_is_element=True)
     return ds.batch(op.batch_size, drop_remainder=op.drop_remainder,
                     batch_fn=op.fn if lean else mark(_BatchRecords(op.fn)))
   if op.kind == "filter":
@@ -413,6 +417,8 @@ def build(data_source: Any, sampler: Any, shard_options: sharding.ShardOptions, 
   batches = []  # The folded batches: they realign from the first (see loader.realign).
   rest = list(enumerate(operations))
   while rest and rest[0][1].kind in ("map", "random_map", "map_with_index", "filter", "batch"):
+    if batches and getattr(batches[-1], "_none_is_element", False):
+      break  # Later operations see its batch_fn's None, not the marker it travels as (see iter_dataset).
     i, op = rest[0]
     if op.kind == "batch":
       if may_have_holes:

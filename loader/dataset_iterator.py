@@ -245,9 +245,7 @@ class DatasetIterator(checkpoint.OrbaxCheckpointable, abc.ABC, Iterator[T]):
     ds = self._loader_dataset  # pylint: disable=no-member
     description = self._state_description()
     if not isinstance(state, dict):
-      raise state_lib.StateTypeError(
-          f"{type(self).__name__}.set_state expects the dict returned by get_state() "
-          f"(got {type(state).__name__}: {state!r:.200}).")
+      raise state_lib.not_a_dict(state, type(self).__name__)
     # Iterators whose state layout is Grain's name its keys (default: MapDatasetIterator's).
     # Below a user's own iterator the layout is the user's: its set_state checks it, as in Grain.
     grain_keys = getattr(self, "_grain_state_keys", ("next_index",))

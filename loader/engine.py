@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from loader import batching
 from loader import checks
 from loader import dataset_iterator
 from loader import dataset_options
@@ -697,7 +698,9 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
       # spreads deallocation over the chunk instead of one burst at its end.
       self._buffer[self._pos] = None
       self._pos += 1
-      if x is not None or self._allow_nones:
+      if x is not None:
+        return x if x is not batching.NONE_ELEMENT else None
+      if self._allow_nones:
         return x
 
   def _refill(self) -> None:

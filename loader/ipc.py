@@ -25,6 +25,7 @@ import mmap
 import os
 import pickle
 import re
+import resource
 import secrets
 import sys
 from multiprocessing import resource_tracker
@@ -201,6 +202,14 @@ def _warn_no_room(error: OSError, size: int) -> None:
   global _warned_no_room
   if not _warned_no_room:
     _warned_no_room = True
+    if error.errno == errno.EFBIG:  # Not /dev/shm: the process's file size limit (`ulimit -f`, a scheduler's).
+      limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+      _log.warning(
+          "loader: a %.1f MB chunk is past this process's file size limit (%s bytes, `ulimit -f`; %s); this "
+          "worker (pid %d) sends its chunks through its pipe instead, which is slower but loses nothing. Raise "
+          "the limit (`ulimit -f unlimited`, or the job scheduler's file size setting), or use a smaller "
+          "MultiprocessingOptions(chunk_size=...).", size / 1e6, limit, os.strerror(error.errno), os.getpid())
+      return
     _log.warning(
         "loader: %s has no room for a %.1f MB chunk (%s); this worker (pid %d) sends its chunks through its "
         "pipe instead, which is slower but loses nothing. Give %s more room (e.g. `docker run --shm-size=2g`), "

@@ -186,8 +186,9 @@ class IterDataset(grain_interop.IterDataset, Generic[T], metaclass=_IterDatasetM
     batch_size = checks.check_int(batch_size, "batch_size", minimum=1)
     base = self._random_access()
     if base is not None and not base.map_dataset._may_yield_none:  # pylint: disable=protected-access
-      return base.rebase(base.map_dataset.batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn),
-                         unit=batch_size)
+      batched = map_dataset_lib.BatchMapDataset(base.map_dataset, batch_size, drop_remainder=drop_remainder,
+                                                batch_fn=batch_fn, none_is_element=True)
+      return base.rebase(batched, unit=batch_size)
     return sequential.BatchIterDataset(self, batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
 
   def prefetch(self, multiprocessing_options: options_lib.MultiprocessingOptions | int) -> IterDataset[T]:
@@ -276,7 +277,11 @@ class MapBackedIterDataset(IterDataset[T]):
     return ".to_iter_dataset()" if self.unit == 1 else f".to_iter_dataset(unit={self.unit})"
 
   def _random_access(self) -> MapBackedIterDataset | None:
-    return None if self.allow_nones else self
+    # Nothing folds in after a batch whose batch_fn's None is an element: folded stages would see its
+    # marker (batching.NONE_ELEMENT), where Grain's iterator-level stages see the None.
+    if self.allow_nones or getattr(self.map_dataset, "_none_is_element", False):
+      return None
+    return self
 
   def rebase(self, map_dataset: map_dataset_lib.MapDataset, unit: int = 1,
              grain_layer: str | None = None) -> MapBackedIterDataset:

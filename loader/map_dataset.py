@@ -751,8 +751,11 @@ class BatchMapDataset(MapDataset[S]):
   _same_as_grain = True
 
   def __init__(self, parent: MapDataset[T], batch_size: int, drop_remainder: bool = False,
-               batch_fn: Callable[[Sequence[T]], S] | None = None):
+               batch_fn: Callable[[Sequence[T]], S] | None = None, *, none_is_element: bool = False):
+    """`none_is_element`: the batch is an iterator-level one folded in, whose batch_fn's None is an element
+    (batching.NONE_ELEMENT here), not a filtered hole."""
     super().__init__(parent)
+    self._none_is_element = none_is_element and batch_fn is not None
     self._batch_size = checks.check_int(batch_size, "batch_size", minimum=1)
     if parent._may_contain_none:
       culprit = _first_discarding(parent)
@@ -814,7 +817,10 @@ class BatchMapDataset(MapDataset[S]):
     except Exception as e:  # pylint: disable=broad-except
       error = e
     else:
-      return [checks.call_user(batch_fn, items[o:o + c]) for o, c in spans]
+      batches = [checks.call_user(batch_fn, items[o:o + c]) for o, c in spans]
+      if self._none_is_element:
+        batches = [batching.NONE_ELEMENT if b is None else b for b in batches]
+      return batches
     # Grain computes a batch's elements one after the other: its error is the
     # first failing element's, even where a later one fails in an earlier
     # stage (computed here stage by stage). Several batches at once are left

@@ -431,7 +431,8 @@ def _worker_main(worker_index: int, num_workers: int, conn, payload: bytes | tup
     try:
       desc = _encode_tracked(elements, name, lock, outstanding)
     except Exception as e:  # pylint: disable=broad-except
-      desc, error = _encode_before_failure(elements, name, e, lock, outstanding)
+      desc, error = _encode_before_failure(elements, name, e, lock, outstanding,
+                                           start if len(elements) == stop - start else None)
     del elements
     failure = None if error is None else _describe(error)
     try:
@@ -504,22 +505,35 @@ def _encode_tracked(elements: list, name: str, lock: threading.Lock, outstanding
 
 
 def _encode_before_failure(elements: list, name: str, error: Exception, lock: threading.Lock,
-                           outstanding: set) -> tuple[tuple, BaseException]:
+                           outstanding: set, start: int | None = None) -> tuple[tuple, BaseException]:
   """A chunk that did not encode: (its elements before the first that cannot be pickled, that one's error).
 
   As with a map that raises, the elements before it arrive and the error is
   raised at its own position. If every element pickles alone (the failure
   was not an element's), the error is reported at the chunk's start.
+  `start` is the first element's position, where the elements are one per position.
   """
   for at, x in enumerate(elements):
     try:
       ipc.dumps(x, [])
     except Exception as e:  # pylint: disable=broad-except
       try:
-        return _encode_tracked(elements[:at], name, lock, outstanding), e
+        return _encode_tracked(elements[:at], name, lock, outstanding), _unpicklable(x, e, start, at)
       except Exception:  # pylint: disable=broad-except
         break
   return ipc.encode([], name), error
+
+
+def _unpicklable(element: Any, error: Exception, start: int | None, at: int) -> Exception:
+  """`error` (pickle's, of `element`) as one line that says where it failed and what to do; its type kept."""
+  which = f"element {start + at}" if start is not None else "an element"
+  message = (f"{which} (a {type(element).__name__}) was computed but cannot be pickled to go back from the "
+             f"worker process ({error}): return picklable values (numpy arrays, numbers, strings, dicts, lists) "
+             "from the transforms before mp_prefetch, or apply this one after mp_prefetch")
+  try:
+    return type(error)(message)
+  except Exception:  # pylint: disable=broad-except
+    return error  # An exception type that takes other arguments keeps pickle's own words.
 
 
 def _shutdown(procs: list, conns: list, shm_prefix: str, stashes: list | None = None,

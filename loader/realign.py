@@ -43,7 +43,8 @@ def realignable(ds: map_dataset_lib.MapDataset, batch: map_dataset_lib.MapDatase
 
 def _batched(batch: map_dataset_lib.BatchMapDataset, parent: map_dataset_lib.MapDataset) -> map_dataset_lib.MapDataset:
   return map_dataset_lib.BatchMapDataset(parent, batch._batch_size, drop_remainder=batch._drop_remainder,  # pylint: disable=protected-access
-                                         batch_fn=batch._batch_fn)  # pylint: disable=protected-access
+                                         batch_fn=batch._batch_fn,  # pylint: disable=protected-access
+                                         none_is_element=batch._none_is_element)  # pylint: disable=protected-access
 
 
 def _rebuilt(ds: map_dataset_lib.MapDataset, batch: map_dataset_lib.BatchMapDataset,

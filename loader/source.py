@@ -177,7 +177,8 @@ def _describe_non_array_record(path: str) -> str:
   except OSError as e:
     return f"it cannot be read ({e})"
   if size == 0:
-    return "it is empty (0 bytes)"
+    return ("it is empty (0 bytes): an interrupted copy or conversion? Copy or convert it again, or remove it "
+            "from the dataset's files")
   if head.startswith(ondisk.RIEGELI_SIGNATURE):
     return (f"it starts like one but its end cannot be read ({size} bytes): probably truncated "
             "(an interrupted copy or download) or damaged; copy or convert it again")
@@ -192,11 +193,13 @@ def _describe_non_array_record(path: str) -> str:
       return f"it is a gzip-compressed ArrayRecord file: decompress it first ({how})"
     if len(inner) >= 12 and _looks_like_tfrecord(inner):
       return "it is a gzip-compressed TFRecord file; convert it first (`arrayrecord-convert` reads it as it is)"
-    return "it is gzip-compressed (a compressed TFRecord file?)"
+    return ("it is gzip-compressed (a compressed TFRecord file?): convert it (`arrayrecord-convert` reads "
+            "compressed TFRecord files), or remove it from the dataset's files")
   if len(head) >= 12 and _looks_like_tfrecord(head):
     return ("it is a TFRecord file; convert it first (e.g. with "
             "`arrayrecord-convert`)")
-  return f"its first bytes are {head[:8]!r} ({size} bytes in total)"
+  return (f"its first bytes are {head[:8]!r} ({size} bytes in total), not an ArrayRecord file's: copy or convert "
+          "it again if it should be one, or remove it from the dataset's files")
 
 
 def _looks_like_tfrecord(head: bytes) -> bool:

@@ -290,11 +290,20 @@ def strip(state: Any) -> Any:
   return out[_WRAPPED_KEY] if out.keys() == {_WRAPPED_KEY} else out
 
 
+def not_a_dict(state: Any, owner: str) -> StateTypeError:
+  """The error for a dataset iterator's state that is no dict (a DataLoader's bytes, say)."""
+  whose = ""
+  if isinstance(state, (bytes, bytearray)) and b'"last_seen_indices"' in state[:1 << 16]:
+    whose = ("; these bytes are a DataLoader's state (Grain's or loader's): restore them into the iterator of "
+             "the DataLoader that saved them")
+  return StateTypeError(f"{owner}.set_state expects the dict returned by get_state() (got {type(state).__name__}: "
+                        f"{state!r:.200}){whose}.")
+
+
 def check(state: Any, description: Sequence[str], owner: str) -> None:
   """Raises StateMismatchError unless a stamped `state` belongs to `description`."""
   if not isinstance(state, dict):
-    raise StateTypeError(
-        f"{owner}.set_state expects the dict returned by get_state() (got {type(state).__name__}: {state!r:.200}).")
+    raise not_a_dict(state, owner)
   version = state.get(VERSION_KEY)
   saved = state.get(PIPELINE_KEY)
   legacy = getattr(description, "legacy", None)
@@ -332,9 +341,11 @@ def _check_fingerprint(saved: list[int], mine: list[str], owner: str, legacy: li
       hint = (" (the same number of files and records, but other file names or the files in another order, or "
               "files of the same names whose content changed since the state was saved)"
               if a >> 32 == b >> 32 and _SOURCE_IDENTITY.search(ops[i]) else "")
-      raise StateMismatchError(
+      error = StateMismatchError(
           f"{owner}.set_state: this state was saved from a different pipeline: its operation {i} is not "
           f"{ops[i]!r} as in this one{hint} (this pipeline: {' -> '.join(ops)}).{_ON_PURPOSE}")
+      error.concerns_sources = bool(_SOURCE_IDENTITY.search(ops[i]))  # restore_state then looks at the files.
+      raise error
   if len(saved) > len(ours):
     which, extra = "the saved pipeline", f" {len(saved) - len(ours)} more operation(s)"
   else:
@@ -455,6 +466,11 @@ def _same_but_for_folding(saved: list[int], ops: list[str]) -> bool:
   if not all(h in by_hash for h in saved):
     return False
   return _fold_in_order([by_hash[h] for h in saved]) == _fold_in_order(ops)
+
+
+def without_content_hash(text: str) -> str:
+  """A description with its sources' content hashes left out (what else it says of them stays)."""
+  return _CONTENT_IDENTITY.sub("", text)
 
 
 def same_but_for_source_identity(saved: Any, mine: Any) -> bool:

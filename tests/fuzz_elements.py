@@ -5,10 +5,65 @@ processes) can pickle the maps built from them.
 """
 from __future__ import annotations
 
+import contextlib
+import signal
 import warnings
+import zlib
 
 import numpy as np
 import pytest
+
+
+class Hang(Exception):
+  """A Grain call that ran past its `deadline`."""
+
+
+@contextlib.contextmanager
+def deadline(seconds):
+  """Raises Hang in the block after `seconds` (Grain hangs on some pipelines a fuzz builds)."""
+  def handler(signum, frame):  # pylint: disable=unused-argument
+    raise Hang()
+
+  old = signal.signal(signal.SIGALRM, handler)
+  signal.alarm(seconds)
+  try:
+    yield
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def canon(x):
+  """A comparable form of an element: values, container types, numpy dtypes and shapes."""
+  if isinstance(x, np.ndarray):
+    return ("nd", x.dtype.str, x.shape, canon(x.tolist()) if x.dtype != object else [canon(v) for v in x.flat])
+  if isinstance(x, np.generic):
+    return ("np", x.dtype.str, x.item())
+  if isinstance(x, dict):
+    return (type(x).__name__, [(k, canon(v)) for k, v in x.items()])
+  if isinstance(x, (tuple, list)):
+    return (type(x).__name__, [canon(v) for v in x])
+  if isinstance(x, bool) or x is None:
+    return x
+  if isinstance(x, (int, float, str, bytes)):
+    return (type(x).__name__, x)
+  return ("obj", type(x).__name__, repr(x))
+
+
+def element_hash(x) -> int:
+  return zlib.crc32(repr(canon(x)).encode())
+
+
+def keeper(m, r):
+  return lambda x: element_hash(x) % m != r
+
+
+def failer(m):
+  def fail(x):
+    if element_hash(x) % m == 0:
+      raise ValueError(f"bad element {x!r}")
+    return x
+  return fail
 
 
 def leafmap(f, x):

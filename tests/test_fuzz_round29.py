@@ -40,15 +40,12 @@ refuses, and an error under `IterDataset.mix`, after which Grain's mixture stops
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import gc
 import importlib
 import random
-import signal
 import time
-import zlib
 
 import numpy as np
 import pytest
@@ -57,8 +54,10 @@ grain = pytest.importorskip("grain")
 import grain.experimental  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 import grain.python  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 import loader  # pylint: disable=g-import-not-at-top,wrong-import-position
-from fuzz_elements import adder as _adder, leafmap as _leafmap, quiet as _quiet, random_add as _random_add  # pylint: disable=unused-import
 import loader.python  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
+from fuzz_elements import (Hang, adder as _adder, canon, deadline, element_hash as _hash,  # pylint: disable=unused-import
+                           failer as _failer, keeper as _keeper, leafmap as _leafmap, quiet as _quiet,
+                           random_add as _random_add)
 
 SEED = 2029
 CAP = 24  # Elements compared per stream.
@@ -67,59 +66,8 @@ GRAIN_TIMEOUT_S = 20
 N_CASES = {"sampler": 150, "dataloader": 40, "mapchain": 80, "mix": 40, "interleave": 40, "pad": 40, "pack": 80}
 
 
-class Hang(Exception):
-  pass
-
-
-@contextlib.contextmanager
-def deadline(seconds):
-  def handler(signum, frame):  # pylint: disable=unused-argument
-    raise Hang()
-
-  old = signal.signal(signal.SIGALRM, handler)
-  signal.alarm(seconds)
-  try:
-    yield
-  finally:
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
 # ---------------------------------------------------------------------------
 # Elements and element functions (pure, deterministic, shared by both libraries).
-
-
-def canon(x):
-  """A comparable form of an element: values, container types, numpy dtypes and shapes."""
-  if isinstance(x, np.ndarray):
-    return ("nd", x.dtype.str, x.shape, canon(x.tolist()) if x.dtype != object else [canon(v) for v in x.flat])
-  if isinstance(x, np.generic):
-    return ("np", x.dtype.str, x.item())
-  if isinstance(x, dict):
-    return (type(x).__name__, [(k, canon(v)) for k, v in x.items()])
-  if isinstance(x, (tuple, list)):
-    return (type(x).__name__, [canon(v) for v in x])
-  if isinstance(x, bool) or x is None:
-    return x
-  if isinstance(x, (int, float, str, bytes)):
-    return (type(x).__name__, x)
-  return ("obj", type(x).__name__, repr(x))
-
-
-def _hash(x) -> int:
-  return zlib.crc32(repr(canon(x)).encode())
-
-
-def _keeper(m, r):
-  return lambda x: _hash(x) % m != r
-
-
-def _failer(m):
-  def fail(x):
-    if _hash(x) % m == 0:
-      raise ValueError(f"bad element {x!r}")
-    return x
-  return fail
 
 
 def make_element(kind, i):

@@ -62,6 +62,10 @@ class InterleaveIterDataset(iter_lib.IterDataset[T]):
     iter_buffer_size: Elements each open IterDataset reads ahead in a thread.
   """
 
+  # Grain's lists no parents, so a seed() under it reaches no random op above it; here the inputs stay
+  # parents (options, descriptions and file checks walk them) and only seeds stop at it.
+  _hides_parent_seeds = True
+
   def __init__(self, datasets: Sequence[Any] | map_lib.MapDataset, *, cycle_length: int,
                num_make_iter_threads: int = 1, make_iter_buffer_size: int = 1, iter_buffer_size: int = 1):
     if isinstance(datasets, map_lib.MapDataset):

@@ -34,4 +34,6 @@ def multithread_prefetch(ds: IterDataset[T], num_threads: int, buffer_size: int,
                     "call .to_iter_dataset() first.")
   if checks.check_int(num_threads, "num_threads", minimum=0) == 0:
     return ds
-  return ds.prefetch(checks.check_int(buffer_size, "buffer_size", minimum=0))
+  out = ds.prefetch(checks.check_int(buffer_size, "buffer_size", minimum=0))
+  out._hides_parent_seeds = True  # pylint: disable=protected-access  # Grain's is an interleave (see there).
+  return out
