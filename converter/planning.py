@@ -81,8 +81,8 @@ def match_pattern(pattern: str, skip_under: str | None = None) -> list[str]:
 
 
 def _local_glob(query: str) -> list[str]:
-  """The paths a local glob matches as bash's globstar does: `**` is any number of folders (none too) and
-  does not enter linked folders (a link to `.` would make it endless); other parts match one name each
+  """The paths a local glob matches: `**` is any number of folders (none too) and does not enter linked folders
+  (a link to `.` would make it endless; Beam's listing does not either); other parts match one name each
   (following links). Folders are listed as they are found; nothing is read."""
   parts = query.split("/")
   fixed = 0
@@ -91,34 +91,40 @@ def _local_glob(query: str) -> list[str]:
   found: set[str] = set()
 
   def walk(folder: str, rest: list[str]) -> None:
-    if not rest:
-      found.add(folder)
-      return
     part, after = rest[0], rest[1:]
     if part == "**":
-      walk(folder, after)  # No folder at all.
-      names = _listed(folder)
-      for name in names:
-        path = os.path.join(folder, name)
-        if not os.path.islink(path) and os.path.isdir(path):
-          walk(path, rest)
+      if after:
+        walk(folder, after)  # No folder at all.
+      for entry in _entries(folder):
+        if not after:
+          found.add(entry.path)  # Every entry below, broken links too (folders are dropped later).
+        if entry.is_dir(follow_symlinks=False):
+          walk(entry.path, rest)
       return
-    names = [part] if not glob.has_magic(part) else [n for n in _listed(folder) if fnmatch.fnmatchcase(n, part)]
-    for name in names:
-      path = os.path.join(folder, name)
+    if not glob.has_magic(part):
+      path = os.path.join(folder, part)
       if not after:
         if os.path.lexists(path):
           found.add(path)
       elif os.path.isdir(path):
         walk(path, after)
+      return
+    for entry in _entries(folder):
+      if fnmatch.fnmatchcase(entry.name, part):
+        if not after:
+          found.add(entry.path)
+        elif entry.is_dir():
+          walk(entry.path, after)
 
-  walk("/".join(parts[:fixed]) or "/", parts[fixed:])
+  if fixed < len(parts):
+    walk("/".join(parts[:fixed]) or "/", parts[fixed:])
   return sorted(found)
 
 
-def _listed(folder: str) -> list[str]:
+def _entries(folder: str) -> list[os.DirEntry]:
   try:
-    return os.listdir(folder)
+    with os.scandir(folder) as it:
+      return list(it)
   except OSError:
     return []  # Gone, or not listable: Beam's listing (or the hint for no match) says so.
 
@@ -197,9 +203,9 @@ class _GlobFilter:
     rest = split_uri(path)[1].rstrip("/")
     got = rest.split("/")[self._fixed:]
     wild = self._parts[self._fixed:]
-    if "**" not in "/".join(wild) and len(got) != len(wild):
+    if "**" not in wild and len(got) != len(wild):
       return False  # Beam's `?` and `[...]` match a '/', the shell's and Python's never do.
-    if len(got) != len(wild):
+    if "**" in wild:
       dots_asked = any(w.startswith(".") for w in wild)
       return dots_asked or not any(g.startswith(".") for g in got)
     return all(w.startswith(".") or not g.startswith(".") for g, w in zip(got, wild))
