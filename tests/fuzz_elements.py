@@ -96,3 +96,57 @@ def quiet():
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     yield
+
+
+# Observing a stream: the same outcomes for Grain and loader, compared with loader's errors allowed to be
+# subclasses of Grain's.
+
+
+def attempt(f):
+  try:
+    return ("ok", f())
+  except Hang:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    return ("raises", type(e))
+
+
+def is_error(o) -> bool:
+  return isinstance(o, tuple) and len(o) == 2 and o[0] == "ERR"
+
+
+def next_canon(it):
+  """The next element's canon, "END", or ("ERR", its error's type)."""
+  try:
+    return canon(next(it))
+  except StopIteration:
+    return "END"
+  except Hang:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    return ("ERR", type(e))
+
+
+def stream(it, n):
+  """Up to `n` outcomes of `next_canon`, stopping at the end or after 3 errors in a row."""
+  out = []
+  while len(out) < n:
+    out.append(next_canon(it))
+    if out[-1] == "END" or (len(out) >= 3 and all(is_error(o) for o in out[-3:])):
+      break
+  return out
+
+
+def same_outcome(g, lo) -> bool:
+  """Equal values, or both raise with loader's exception an instance of Grain's type."""
+  if g == lo:
+    return True
+  return (isinstance(g, tuple) and isinstance(lo, tuple) and len(g) == len(lo) == 2 and g[0] == lo[0]
+          and g[0] in ("raises", "ERR") and isinstance(g[1], type) and isinstance(lo[1], type)
+          and issubclass(lo[1], g[1]))
+
+
+def same_stream(g, lo) -> bool:
+  if not isinstance(g, list) or not isinstance(lo, list):
+    return same_outcome(g, lo)
+  return len(g) == len(lo) and all(same_outcome(a, b) for a, b in zip(g, lo))

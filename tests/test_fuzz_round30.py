@@ -67,6 +67,8 @@ import loader.python  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from fuzz_elements import (Hang, adder as _adder, canon, deadline, element_hash as _hash,  # pylint: disable=unused-import
                            failer as _failer, keeper as _keeper, leafmap as _leafmap, quiet as _quiet,
                            random_add as _random_add)
+from fuzz_elements import (attempt as _attempt, is_error as _is_error, next_canon as _next,
+                           same_outcome as _same_outcome, same_stream as _same_stream, stream as _stream)
 
 SEED = 2030
 CAP = 20  # Elements compared per stream.
@@ -556,39 +558,6 @@ GENERATORS = {"mapcomb": gen_mapcomb, "itercomb": gen_itercomb, "nested": gen_ne
 # Observing a pipeline on one library.
 
 
-def _attempt(f):
-  try:
-    return ("ok", f())
-  except Hang:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    return ("raises", type(e))
-
-
-def _is_error(o) -> bool:
-  return isinstance(o, tuple) and len(o) == 2 and o[0] == "ERR"
-
-
-def _next(it):
-  try:
-    return canon(next(it))
-  except StopIteration:
-    return "END"
-  except Hang:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    return ("ERR", type(e))
-
-
-def _stream(it, n):
-  out = []
-  while len(out) < n:
-    out.append(_next(it))
-    if out[-1] == "END" or (len(out) >= 3 and all(_is_error(o) for o in out[-3:])):
-      break
-  return out
-
-
 def _restored(lib, spec, state, it=None):
   try:
     if it is None:
@@ -675,21 +644,6 @@ def observe(lib, spec, other_states=None):
 def _slice_view(ds):
   n = len(ds)
   return (n, [canon(ds[i]) for i in range(min(n, 6))] if n < 10**6 else "long")
-
-
-def _same_outcome(g, lo) -> bool:
-  """Equal values, or both raise with loader's exception an instance of Grain's type."""
-  if g == lo:
-    return True
-  return (isinstance(g, tuple) and isinstance(lo, tuple) and len(g) == len(lo) == 2 and g[0] == lo[0]
-          and g[0] in ("raises", "ERR") and isinstance(g[1], type) and isinstance(lo[1], type)
-          and issubclass(lo[1], g[1]))
-
-
-def _same_stream(g, lo) -> bool:
-  if not isinstance(g, list) or not isinstance(lo, list):
-    return _same_outcome(g, lo)
-  return len(g) == len(lo) and all(_same_outcome(a, b) for a, b in zip(g, lo))
 
 
 def _without_grain_index_errors(g, lo):
