@@ -325,7 +325,7 @@ def restore_state(path: str | os.PathLike, iterator: Any) -> Any:
 
 
 def _files_changed_since(iterator: Any, path: Any) -> list[str]:
-  """The ArrayRecord files `iterator` reads that were written (or replaced) after the state file `path`."""
+  """The ArrayRecord files `iterator` reads whose modification time is later than the state file `path`'s."""
   from loader import source as source_lib  # pylint: disable=g-import-not-at-top
   try:
     saved_at = os.stat(path).st_mtime_ns

@@ -329,7 +329,8 @@ class DataLoader:
       raise ValueError(f"This DataLoader state's last_seen_indices {seen!r} do not list workers 0..{workers - 1} "
                        f"as Grain's do for worker_count={grain_workers}.") from None
     # Numbers only, as Grain's arithmetic on them (which takes True and 1.5 too) needs: "3" is its TypeError.
-    wrong = [v for v in listed if not isinstance(v, numbers.Real) or not math.isfinite(v)]
+    wrong = [v for v in listed
+             if not (isinstance(v, numbers.Integral) or isinstance(v, numbers.Real) and math.isfinite(v))]
     if wrong:
       raise state_lib.StateTypeError(
           f"This DataLoader state's last_seen_indices {seen!r} hold {wrong[0]!r}, not a record index: it was "
