@@ -20,7 +20,7 @@ from converter.errors import (ConcurrentRunError, ConversionError, ForeignManife
 from converter.manifest import MANIFEST_NAME, FoundManifest, find_manifest
 from converter.naming import common_dir, output_path, split_uri
 from converter.options import ConvertOptions
-from converter.tfrecord import check_regular_file
+from converter.tfrecord import TFRecordReader, check_regular_file
 from loader import ondisk
 
 
@@ -490,7 +490,6 @@ def _first_records_differ(path: str, output: str, compression: str) -> bool:
     return False
   try:
     from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
-    from converter.tfrecord import TFRecordReader  # pylint: disable=g-import-not-at-top
     first_in = next(iter(TFRecordReader(path, compression=compression)), None)
     reader = ArrayRecordReader(output)
     try:
