@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 import warnings
 import zlib
 
@@ -24,13 +25,18 @@ def deadline(seconds):
   def handler(signum, frame):  # pylint: disable=unused-argument
     raise Hang()
 
+  # pytest-timeout's own SIGALRM timer is put back afterwards, less the time spent here: a hang after
+  # this block must still end the test.
+  start = time.monotonic()
   old = signal.signal(signal.SIGALRM, handler)
-  signal.alarm(seconds)
+  outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
   try:
     yield
   finally:
-    signal.alarm(0)
+    signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(signal.SIGALRM, old)
+    if outer:
+      signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 0.001))
 
 
 def canon(x):
