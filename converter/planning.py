@@ -145,8 +145,9 @@ def _match_remote(query: str) -> list[Any]:
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
   prefix = re.match(r"^[^[*?]*", query).group(0)
   # `**/` may also be no folder at all (Beam's `.*/` needs one), as in the shell's and Python's glob; in the
-  # translation a literal '.' is escaped, so `/.*/` comes only from a whole `**` part.
-  regex = re.compile(FileSystem.translate_pattern(query).replace(_BEAM_STAR, "[^/]*").replace("/.*/", "/(?:.*/)?"))
+  # translation a literal '.' is escaped, so `/.*` before a `/` comes only from a whole `**` part (each of
+  # `**/**/` too).
+  regex = re.compile(re.sub(r"/\.\*(?=/)", "(?:/.*)?", FileSystem.translate_pattern(query).replace(_BEAM_STAR, "[^/]*")))
   listed = FileSystems.match([prefix + "**"])[0].metadata_list
   matched = [m for m in listed if regex.match(m.path)]
   if not matched:  # Beam's own words for a pattern that matches nothing (a hint is added from them).

@@ -277,6 +277,18 @@ def test_a_double_star_pattern_on_gcs_also_matches_the_objects_at_its_top(gcs):
   assert got == sorted(f"{B}/tfr/{name}" for name in SHARDS)
 
 
+@pytest.mark.parametrize("pattern", ["**/*", "**/**/*", "**/**/*.tfrecord-*", "**/sub/*", "**/**/sub/**/*", "*/**/*",
+                                     "sub/**/*"])
+def test_double_star_patterns_on_gcs_match_what_they_match_in_a_local_folder(gcs, tmp_path, pattern):
+  from converter import expand_patterns
+  for name in SHARDS:
+    os.makedirs(os.path.dirname(tmp_path / "tfr" / name), exist_ok=True)
+    (tmp_path / "tfr" / name).write_bytes(b"")
+  local = [os.path.relpath(p, tmp_path) for p in expand_patterns([f"{tmp_path}/tfr/{pattern}"])]
+  remote = [p[len(B) + 1:] for p in expand_patterns([f"{B}/tfr/{pattern}"])]
+  assert remote == local and local, (remote, local)
+
+
 def test_the_dataflow_path_converting_in_place_resumes_with_the_same_pattern(gcs):
   """arrayrecord-dataflow lists its inputs in the pipeline: MatchFiles(skip_under=output) leaves its outputs out."""
   folder = f"{B}/inplace-df"
