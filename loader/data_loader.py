@@ -200,6 +200,16 @@ class DataLoader:
                read_options: options_lib.ReadOptions | None = None, enable_profiling: bool = False):
     if worker_count is None:
       worker_count = os.cpu_count() or 1  # Grain's default.
+    # Grain's words for a negative count, then loader's (the type check) for the rest.
+    if checks.is_int(worker_count) and worker_count < 0:
+      worker_count = int(worker_count)
+      raise ValueError(f"Worker count should be greater than or equal zero.Current worker_count is {worker_count}. "
+                       f"worker_count must be an integer >= 0 (got worker_count={worker_count!r}).")
+    if checks.is_int(worker_buffer_size) and worker_buffer_size < 0:
+      worker_buffer_size = int(worker_buffer_size)
+      raise ValueError("Worker buffer size must be greater than or equal zero."
+                       f"Current worker_buffer_size is {worker_buffer_size}. worker_buffer_size must be an "
+                       f"integer >= 0 (got worker_buffer_size={worker_buffer_size!r}).")
     worker_count = checks.check_int(worker_count, "worker_count", minimum=0)
     worker_buffer_size = checks.check_int(worker_buffer_size, "worker_buffer_size", minimum=0)
     if shard_options is None:

@@ -112,7 +112,8 @@ class IndexSampler:
         num_epochs = int(num_epochs)  # Grain only multiplies and compares it.
       num_epochs = checks.check_int(num_epochs, "num_epochs", minimum=1)
     if shuffle and seed is None:
-      raise ValueError("IndexSampler(shuffle=True) needs a seed, e.g. IndexSampler(..., shuffle=True, seed=0).")
+      raise ValueError("Shuffling requires specifying a seed. IndexSampler(shuffle=True) needs a seed, e.g. "
+                       "IndexSampler(..., shuffle=True, seed=0).")
     _check_python_int_seed(seed)
     # Grain takes a bool seed as the int it is (its Philox key is seed + index).
     self._seed = None if seed is None else checks.check_seed(int(seed) if isinstance(seed, bool) else seed,
