@@ -342,7 +342,7 @@ def _files_changed_since(iterator: Any, path: Any) -> list[str]:
     seen.add(id(d))
     for s in (d, getattr(d, "_source", None)):
       if isinstance(s, source_lib.ArrayRecordSource):
-        files.update(dict.fromkeys(s.paths))
+        files.update(dict.fromkeys(s._local_path(i) for i in range(len(s.paths))))  # pylint: disable=protected-access
     for parent in getattr(d, "parents", ()) or ():
       visit(parent, depth + 1)
 

@@ -794,6 +794,14 @@ class _WorkerPool:
       return
     if not self._finalizer.alive:
       raise ValueError("This iterator was closed; create a new one with iter(dataset).")
+    try:
+      os.getcwd()  # Spawned workers start in it: multiprocessing's bare "[Errno 2] No such file or directory".
+    except FileNotFoundError:
+      raise FileNotFoundError(
+          errno.ENOENT, f"Cannot start the {self.num_workers} worker processes of "
+          f"{self.leaves[0] if self.leaves else 'a dataset'!r}: this process's working directory was deleted "
+          "(a cleaned-up temp or job folder), and spawned workers start in it. os.chdir() to a folder that "
+          "exists (e.g. os.chdir(os.path.expanduser('~'))), then call next() again: nothing was lost.") from None
     # Until every worker runs, the set is not usable: an interrupt meanwhile leaves it to be stopped.
     self._stopping = True
     payload = _dumps((list(zip(self.leaves, self._threads)), self.worker_init_fn))

@@ -636,6 +636,9 @@ class ArrayRecordSource:
     self._reader_options = reader_options
     resolved = _resolve_paths(paths)
     self._paths = [p for p, _ in resolved]
+    # Opened by absolute path: a relative one read after os.chdir (a notebook's, a job's) or by workers
+    # started later would name another file, or none. `paths` stays as given (as Grain's).
+    self._abs_paths = [os.path.abspath(p) for p in self._paths]
     # Identity (device, inode, size, mtime) of each file now: every read
     # checks it, so a file changed under the source raises instead of
     # returning wrong or empty records. Kept when pickled to workers.
@@ -746,8 +749,8 @@ class ArrayRecordSource:
     cached = self.__dict__.get("_content_hash_value")
     if cached is None:
       digest = hashlib.blake2b(digest_size=4)
-      for path in self._paths:
-        ends = _file_ends(path)
+      for i in range(len(self._paths)):
+        ends = _file_ends(self._local_path(i))
         if ends is None:
           return None
         digest.update(ends)
@@ -775,7 +778,7 @@ class ArrayRecordSource:
         if reader is None:
           self._check_unchanged(file_index)
           options = _span_options(self._reader_options) if span else self._reader_options
-          reader = _open_reader(self._paths[file_index], options)
+          reader = _open_reader(self._local_path(file_index), options)
           n = reader.num_records()
           self._check_count(file_index, n)
           if n != self._counts[file_index]:
@@ -784,11 +787,16 @@ class ArrayRecordSource:
           readers[file_index] = reader
     return reader
 
+  def _local_path(self, file_index: int) -> str:
+    """The file's path as resolved when the source was created (whatever the working directory is now)."""
+    absolute = self.__dict__.get("_abs_paths")  # None in a source pickled before it kept them.
+    return self._paths[file_index] if absolute is None else absolute[file_index]
+
   def _check_unchanged(self, file_index: int, local: list[int] | None = None) -> None:
-    now = ondisk.file_id(self._paths[file_index])
+    now = ondisk.file_id(self._local_path(file_index))
     if now != self._ids[file_index]:
       # A folder, FIFO or broken link in its place was "replaced by another file" or "deleted".
-      problem = ondisk.file_problem(self._paths[file_index])
+      problem = ondisk.file_problem(self._local_path(file_index))
       change = ("now it " + problem.what.split(", not a regular file")[0]
                 if problem is not None and problem.kind != "missing" else _describe_change(self._ids[file_index], now))
       raise self._changed(file_index, change, local)
