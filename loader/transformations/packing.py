@@ -9,9 +9,10 @@ the packed examples do not depend on the worker count (Grain packs per worker).
 State: `{"replay_from": <a parent state>, "skip": <elements after it before
 the window being emitted, failed ones included>, "next_row": <rows of that window already emitted>,
 "counter": <rows emitted in all>}`, plus `"raised": <n>` in a state saved
-after the input raised while the packer filled that window (no row of it
-emitted yet): the window's first n input elements were read and their errors
-raised, so a restore re-packing the window does not raise them again. Older
+after the input raised (or an element was too long, Grain's ValueError) while
+the packer filled that window (no row of it emitted yet): the window's first n
+input elements were read and their errors raised, so a restore re-packing the
+window does not raise them again. Older
 states (no "raised") restore as before. Grain's layout names the window's start
 "parent"; ours is another key (states written before named it "parent" too)
 so that Grain, given our state, refuses it (KeyError) instead of resuming at
@@ -124,6 +125,11 @@ class _PackIterator(iter_dataset.DatasetIterator):
 
   def _finish_window(self, next_element: Any, next_start: tuple[dict[str, Any], int]) -> None:
     self._num_rows = self._filling.num_rows
+    if self._num_rows == 0 and next_element is None:
+      # Every element read since the last window was too long (each raised): Grain 0.2.18 then emits an
+      # empty packed batch, which fails with this IndexError at every later next().
+      raise IndexError(f"{self._owner}: the input ended while the packed window held no element (every "
+                       "element since the last window was too long); Grain raises IndexError here too")
     if self._next_row >= self._num_rows:
       raise ValueError(
           f"{self._owner}.set_state: the state points at row {self._next_row} of a packed window that "
@@ -173,7 +179,17 @@ class _PackIterator(iter_dataset.DatasetIterator):
           # A window after the first, restored: the run that saved the state renewed the anchor after this
           # element (its rollover), so do the same; the states that follow are then that run's.
           self._anchor, self._pulled = state_lib.strip(parent.get_state()), 0
-      if not self._filling.try_add(element):
+      try:
+        fits = self._filling.try_add(element)
+      except ValueError:
+        # An element longer than its length (Grain's ValueError): consumed like an input element that
+        # failed, and counted the same way, so a restore re-packing the window does not raise it again (an
+        # enclosing packer's restore counts it as read once).
+        if self._window_reads <= self._raised:
+          continue
+        self._raised = self._window_reads
+        raise
+      if not fits:
         start = (self._anchor, self._pulled - 1)  # The next window starts with `element`.
         self._anchor, self._pulled = state_lib.strip(parent.get_state()), 0
         self._finish_window(element, start)
