@@ -638,7 +638,7 @@ class ArrayRecordSource:
     self._paths = [p for p, _ in resolved]
     # Opened by absolute path: a relative one read after os.chdir (a notebook's, a job's) or by workers
     # started later would name another file, or none. `paths` stays as given (as Grain's).
-    self._abs_paths = [os.path.abspath(p) for p in self._paths]
+    self._abs_paths = [ondisk.local_abspath(p) for p in self._paths]
     # Identity (device, inode, size, mtime) of each file now: every read
     # checks it, so a file changed under the source raises instead of
     # returning wrong or empty records. Kept when pickled to workers.
@@ -689,7 +689,7 @@ class ArrayRecordSource:
     expected = self._expected[file_index]
     if expected is not None and n != expected:
       raise ValueError(
-          f"{self._paths[file_index]} has {n} records but its manifest says "
+          f"{self._local_path(file_index)} has {n} records but its manifest says "
           f"{expected}; the manifest is stale or the file was replaced. Check the dataset with arrayrecord-verify, "
           "then rerun the conversion with --skip-existing (delete this file first if verify fails it) to rewrite "
           "the manifest.")
@@ -804,7 +804,7 @@ class ArrayRecordSource:
   def _changed(self, file_index: int, change: str, local: list[int] | None = None) -> FileChangedError:
     """The error for a changed file, naming the first record of the read that found it."""
     first = local[0] if local else None
-    return FileChangedError(self._paths[file_index], change, first,
+    return FileChangedError(self._local_path(file_index), change, first,
                             None if first is None else int(self._starts[file_index]) + first)
 
   def _spans(self, file_index: int, local: list[int]) -> bool:
@@ -843,9 +843,9 @@ class ArrayRecordSource:
       try:
         reader.read([i])
       except RuntimeError as e:
-        return CorruptRecordError(self._paths[file_index], i,
+        return CorruptRecordError(self._local_path(file_index), i,
                                   int(self._starts[file_index]) + i, str(e))
-    return CorruptRecordError(self._paths[file_index], None, None, str(error))
+    return CorruptRecordError(self._local_path(file_index), None, None, str(error))
 
   def _normalize(self, indices) -> np.ndarray:
     idx = np.asarray(indices)

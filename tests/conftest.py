@@ -58,8 +58,8 @@ def _collect_garbage_on_the_main_thread(request):
   try:
     yield
   finally:
+    gc.collect()  # Before enabling: the first allocation after it, on any thread, would collect.
     gc.enable()
-    gc.collect()
 
 
 @pytest.fixture

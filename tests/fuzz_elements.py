@@ -20,10 +20,10 @@ class Hang(Exception):
 
 
 @contextlib.contextmanager
-def deadline(seconds):
-  """Raises Hang in the block after `seconds` (Grain hangs on some pipelines a fuzz builds)."""
+def deadline(seconds, error=Hang):
+  """Raises `error()` (Hang) in the block after `seconds` (Grain hangs on some pipelines a fuzz builds)."""
   def handler(signum, frame):  # pylint: disable=unused-argument
-    raise Hang()
+    raise error()
 
   # pytest-timeout's own SIGALRM timer is put back afterwards, less the time spent here: a hang after
   # this block must still end the test.

@@ -64,6 +64,7 @@ import psutil
 import pytest
 
 import faults_testing as ft
+from fuzz_elements import deadline
 import loader
 from loader import python as grain_api
 from loader import state as state_lib
@@ -84,13 +85,8 @@ def _error(fn) -> BaseException:
 @pytest.fixture(autouse=True)
 def _in_time():
   # Anything here that hangs fails the test instead of the whole run.
-  def expired(signum, frame):
-    raise TimeoutError("test ran past its 60 s alarm")
-  old = signal.signal(signal.SIGALRM, expired)
-  signal.alarm(60)
-  yield
-  signal.alarm(0)
-  signal.signal(signal.SIGALRM, old)
+  with deadline(60, lambda: TimeoutError("test ran past its 60 s alarm")):
+    yield
 
 
 def _data_loader(paths, *, seed=3, num_epochs=1, shard=None, shuffle=True, workers=0, source=None):

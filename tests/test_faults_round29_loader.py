@@ -51,6 +51,7 @@ import psutil
 import pytest
 
 import faults_testing as ft
+from fuzz_elements import deadline
 import loader
 from loader import python as grain_api
 from loader import state as state_lib
@@ -60,13 +61,8 @@ from loader_testing import record_bytes, record_index, shm_segments, write_array
 @pytest.fixture(autouse=True)
 def _in_time():
   # Anything here that hangs fails the test instead of the whole run.
-  def expired(signum, frame):
-    raise TimeoutError("test ran past its 60 s alarm")
-  old = signal.signal(signal.SIGALRM, expired)
-  signal.alarm(60)
-  yield
-  signal.alarm(0)
-  signal.signal(signal.SIGALRM, old)
+  with deadline(60, lambda: TimeoutError("test ran past its 60 s alarm")):
+    yield
 
 
 def _error(fn) -> BaseException:
@@ -151,6 +147,21 @@ def test_a_relative_folder_or_glob_is_read_from_where_it_was_resolved_after_a_ch
   monkeypatch.chdir(tmp_path)
   src = loader.ArrayRecordSource(given)
   monkeypatch.chdir(tmp_path / "elsewhere")
+  assert [record_index(r) for r in src.read(list(range(10)))] == list(range(10))
+
+
+def test_a_relative_path_with_dots_after_a_symlink_reads_the_files_the_system_opens(tmp_path, monkeypatch):
+  # `link/..` is where the link points, up one: abspath's text would name tmp_path/run1, other files.
+  write_array_records(tmp_path / "store" / "run1", 2, 5)
+  (tmp_path / "store" / "sub").mkdir()
+  os.symlink(tmp_path / "store" / "sub", tmp_path / "link")
+  (tmp_path / "run1").mkdir()
+  for k, path in enumerate(write_array_records(tmp_path / "run1", 2, 5)):
+    _rewrite(path, 1000 + 5 * k, 5)
+  monkeypatch.chdir(tmp_path)
+  src = loader.ArrayRecordSource("link/../run1")
+  assert [record_index(r) for r in src.read(list(range(10)))] == list(range(10))
+  monkeypatch.chdir(tmp_path / "store")
   assert [record_index(r) for r in src.read(list(range(10)))] == list(range(10))
 
 
