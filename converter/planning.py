@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import fnmatch
+import functools
 import glob
 import os
 import posixpath
@@ -207,9 +208,24 @@ class _GlobFilter:
     if "**" not in wild and len(got) != len(wild):
       return False  # Beam's `?` and `[...]` match a '/', the shell's and Python's never do.
     if "**" in wild:
+      # Beam's regex lets `?` and `[...]` match a '/' here too: the parts are matched again, one name each.
+      if not _names_match(got, wild):
+        return False
       dots_asked = any(w.startswith(".") for w in wild)
       return dots_asked or not any(g.startswith(".") for g in got)
     return all(w.startswith(".") or not g.startswith(".") for g, w in zip(got, wild))
+
+
+def _names_match(names: list[str], parts: list[str]) -> bool:
+  """Whether path names match pattern parts, a `**` part standing for any number of names (none included)."""
+  @functools.lru_cache(maxsize=None)  # Several `**` parts would otherwise retry the same tails.
+  def match(i: int, j: int) -> bool:
+    if j == len(parts):
+      return i == len(names)
+    if parts[j] == "**":
+      return any(match(k, j + 1) for k in range(i, len(names) + 1))
+    return i < len(names) and fnmatch.fnmatchcase(names[i], parts[j]) and match(i + 1, j + 1)
+  return match(0, 0)
 
 
 def _no_files_hint(pattern: str, query: str) -> str | None:

@@ -278,7 +278,7 @@ def test_a_double_star_pattern_on_gcs_also_matches_the_objects_at_its_top(gcs):
 
 
 @pytest.mark.parametrize("pattern", ["**/*", "**/**/*", "**/**/*.tfrecord-*", "**/sub/*", "**/**/sub/**/*", "*/**/*",
-                                     "sub/**/*"])
+                                     "sub/**/*", "**/s?b/*", "**/su[a-c]/valid.*", "**/train.tfrecord-0000?-*"])
 def test_double_star_patterns_on_gcs_match_what_they_match_in_a_local_folder(gcs, tmp_path, pattern):
   from converter import expand_patterns
   for name in SHARDS:
@@ -287,6 +287,15 @@ def test_double_star_patterns_on_gcs_match_what_they_match_in_a_local_folder(gcs
   local = [os.path.relpath(p, tmp_path) for p in expand_patterns([f"{tmp_path}/tfr/{pattern}"])]
   remote = [p[len(B) + 1:] for p in expand_patterns([f"{B}/tfr/{pattern}"])]
   assert remote == local and local, (remote, local)
+
+
+@pytest.mark.parametrize("pattern", ["**/sub?valid.tfrecord-*", "**/sub[/]valid.tfrecord-*"])
+def test_question_marks_and_classes_on_gcs_never_match_a_slash_beside_a_double_star(gcs, pattern):
+  # Beam's regex makes `?` a '.' and keeps `[/]`: both matched tfr/sub/valid.* (the shell's never do).
+  from converter import expand_patterns
+  from converter.errors import NoInputFilesError
+  with pytest.raises(NoInputFilesError, match="No files match"):
+    expand_patterns([f"{B}/tfr/{pattern}"])
 
 
 def test_the_dataflow_path_converting_in_place_resumes_with_the_same_pattern(gcs):
