@@ -420,7 +420,8 @@ def test_random_packing_pipelines_match_grain_and_restore_at_every_step(part):
     absl_logger.setLevel(level)
   assert not failures, f"{len(failures)} of {compared} pipelines differ:\n" + "\n".join(failures[:6])
   assert compared >= n * 9 // 10, (compared, n)
-  assert time.monotonic() - start < 300
+  # A budget against a runaway case, not a speed test: ~20 s a part on an idle 2-core machine.
+  assert time.monotonic() - start < 600
 
 
 # ---------------------------------------------------------------------------
