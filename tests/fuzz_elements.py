@@ -6,6 +6,7 @@ processes) can pickle the maps built from them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import signal
 import time
 import warnings
@@ -13,6 +14,8 @@ import zlib
 
 import numpy as np
 import pytest
+
+import loader
 
 
 class Hang(Exception):
@@ -156,3 +159,53 @@ def same_stream(g, lo) -> bool:
   if not isinstance(g, list) or not isinstance(lo, list):
     return same_outcome(g, lo)
   return len(g) == len(lo) and all(same_outcome(a, b) for a, b in zip(g, lo))
+
+
+def restored(fresh, state, res, it=None):
+  """Up to `res` outcomes after `state` is set on `it` (or on a `fresh()` iterator), or ("raises", type)."""
+  try:
+    if it is None:
+      it = fresh()
+    it.set_state(copy.deepcopy(state))
+    return stream(it, res)
+  except Hang:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    return ("raises", type(e))
+
+
+def matches(got, want, res) -> bool:
+  if isinstance(got, list) and len(want) < res and want[-1:] != ["END"]:
+    got = got[:len(want)]  # The reference run stopped early (its cap, or errors in a row).
+  return same_stream(want, got)
+
+
+def observe_iteration(it, fresh, cap, res, other_states=None, also_refused=None) -> dict:
+  """`it`'s stream with a state before each element, each state restored on a `fresh()` iterator and some
+  on `it` itself (a rewind), and `other_states` (the other library's) restored: what differs from the stream.
+
+  A restore of another library's state may be refused with `StateMismatchError` (README, "Checkpoint
+  states"), or as `also_refused(outcome)` says.
+  """
+  states, elements = [], []
+  for _ in range(cap):
+    states.append(copy.deepcopy(it.get_state()))
+    elements.append(next_canon(it))
+    if elements[-1] == "END" or (len(elements) >= 3 and all(is_error(o) for o in elements[-3:])):
+      break
+  obs = {"stream": elements, "states": states}
+  obs["restored"] = [restored(fresh, s, res) for s in states]
+  obs["restore_bad"] = [k for k, got in enumerate(obs["restored"]) if not matches(got, elements[k:k + res], res)]
+  obs["rewind_bad"] = [k for k in sorted({0, len(states) // 2, len(states) - 1})
+                       if not matches(restored(fresh, states[k], res, it), elements[k:k + res], res)]
+  if other_states is not None:
+    bad = []
+    for k, s in enumerate(other_states):
+      got = restored(fresh, s, res)
+      if isinstance(got, tuple) and (issubclass(got[1], loader.state.StateMismatchError)
+                                     or (also_refused is not None and also_refused(got))):
+        continue
+      if not matches(got, elements[k:k + res], res):
+        bad.append((k, got))
+    obs["other_states_bad"] = bad
+  return obs

@@ -40,7 +40,6 @@ refuses, and an error under `IterDataset.mix`, after which Grain's mixture stops
 
 from __future__ import annotations
 
-import copy
 import functools
 import gc
 import importlib
@@ -58,8 +57,9 @@ import loader.python  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from fuzz_elements import (Hang, adder as _adder, canon, deadline, element_hash as _hash,  # pylint: disable=unused-import
                            failer as _failer, keeper as _keeper, leafmap as _leafmap, quiet as _quiet,
                            random_add as _random_add)
-from fuzz_elements import (attempt as _attempt, is_error as _is_error, next_canon as _next,
-                           same_outcome as _same_outcome, same_stream as _same_stream, stream as _stream)
+from fuzz_elements import observe_iteration
+from fuzz_elements import (attempt as _attempt, is_error as _is_error, same_outcome as _same_outcome,
+                           same_stream as _same_stream)
 
 SEED = 2029
 CAP = 24  # Elements compared per stream.
@@ -519,22 +519,8 @@ class _SeqSource:
 # Observing a pipeline on one library.
 
 
-def _restored(lib, spec, state, it=None):
-  try:
-    if it is None:
-      it = iter(build_any(lib, spec))
-    it.set_state(copy.deepcopy(state))
-    return _stream(it, RES)
-  except Hang:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    return ("raises", type(e))
 
 
-def _matches(got, want) -> bool:
-  if isinstance(got, list) and len(want) < RES and want[-1:] != ["END"]:
-    got = got[:len(want)]  # The reference run stopped early (CAP, or errors in a row).
-  return _same_stream(want, got)
 
 
 def _spec_canon(s):
@@ -574,26 +560,8 @@ def observe(lib, spec, other_states=None):
   except Exception as e:  # pylint: disable=broad-except
     obs["iter"] = ("raises", type(e))
     return obs
-  states, elements = [], []
-  for _ in range(CAP // 2 if spec[0] == "dataloader" else CAP):
-    states.append(copy.deepcopy(it.get_state()))
-    elements.append(_next(it))
-    if elements[-1] == "END" or (len(elements) >= 3 and all(_is_error(o) for o in elements[-3:])):
-      break
-  obs["stream"], obs["states"] = elements, states
-  obs["restored"] = [_restored(lib, spec, s) for s in states]
-  obs["restore_bad"] = [k for k, got in enumerate(obs["restored"]) if not _matches(got, elements[k:k + RES])]
-  obs["rewind_bad"] = [k for k in sorted({0, len(states) // 2, len(states) - 1})
-                       if not _matches(_restored(lib, spec, states[k], it), elements[k:k + RES])]
-  if other_states is not None:
-    bad = []
-    for k, s in enumerate(other_states):
-      got = _restored(lib, spec, s)
-      if isinstance(got, tuple) and issubclass(got[1], loader.state.StateMismatchError):
-        continue  # Refused: allowed (README, "Checkpoint states").
-      if not _matches(got, elements[k:k + RES]):
-        bad.append((k, got))
-    obs["other_states_bad"] = bad
+  cap = CAP // 2 if spec[0] == "dataloader" else CAP
+  obs.update(observe_iteration(it, lambda: iter(build_any(lib, spec)), cap, RES, other_states))
   return obs
 
 

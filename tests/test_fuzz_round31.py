@@ -59,8 +59,8 @@ import loader  # pylint: disable=g-import-not-at-top,wrong-import-position
 from grain._src.core import exceptions as grain_exceptions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from fuzz_elements import (Hang, adder as _adder, deadline, keeper as _keeper,  # pylint: disable=unused-import
                            quiet as _quiet)
-from fuzz_elements import (is_error as _is_error, next_canon as _next, same_outcome as _same_outcome,
-                           same_stream as _same_stream, stream as _stream)
+from fuzz_elements import observe_iteration
+from fuzz_elements import is_error as _is_error, same_outcome as _same_outcome, same_stream as _same_stream
 
 SEED = 2031
 N_CASES = 150
@@ -290,22 +290,8 @@ def gen(rng):
 # Observing and comparing.
 
 
-def _restored(lib, spec, state, it=None):
-  try:
-    if it is None:
-      it = iter(build(lib, spec))
-    it.set_state(copy.deepcopy(state))
-    return _stream(it, RES)
-  except Hang:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    return ("raises", type(e))
 
 
-def _matches(got, want) -> bool:
-  if isinstance(got, list) and len(want) < RES and want[-1:] != ["END"]:
-    got = got[:len(want)]  # The reference run stopped early (CAP, or errors in a row).
-  return _same_stream(want, got)
 
 
 def observe(lib, spec, other_states=None):
@@ -322,26 +308,7 @@ def observe(lib, spec, other_states=None):
     raise
   except Exception as e:  # pylint: disable=broad-except
     return {"iter": ("raises", type(e))}
-  states, elements = [], []
-  for _ in range(CAP):
-    states.append(copy.deepcopy(it.get_state()))
-    elements.append(_next(it))
-    if elements[-1] == "END" or (len(elements) >= 3 and all(_is_error(o) for o in elements[-3:])):
-      break
-  obs["stream"], obs["states"] = elements, states
-  obs["restored"] = [_restored(lib, spec, s) for s in states]
-  obs["restore_bad"] = [k for k, got in enumerate(obs["restored"]) if not _matches(got, elements[k:k + RES])]
-  obs["rewind_bad"] = [k for k in sorted({0, len(states) // 2, len(states) - 1})
-                       if not _matches(_restored(lib, spec, states[k], it), elements[k:k + RES])]
-  if other_states is not None:
-    bad = []
-    for k, s in enumerate(other_states):
-      got = _restored(lib, spec, s)
-      if isinstance(got, tuple) and issubclass(got[1], loader.state.StateMismatchError):
-        continue  # Refused: allowed (README, "Checkpoint states").
-      if not _matches(got, elements[k:k + RES]):
-        bad.append((k, got))
-    obs["other_states_bad"] = bad
+  obs.update(observe_iteration(it, lambda: iter(build(lib, spec)), CAP, RES, other_states))
   return obs
 
 
