@@ -69,6 +69,9 @@ _GRAIN_STATE_VERSION = 2
 # The keys of Grain's DataLoader state that give the position, and all of them.
 _GRAIN_POSITION_KEYS = ("version", "last_seen_indices", "last_worker_index", "worker_count")
 _GRAIN_STATE_KEYS = {*_GRAIN_POSITION_KEYS, "sampler", "data_source"}
+# The first sentence of Grain 0.2.18's refusal of a state whose sampler / source repr differs.
+_GRAIN_MISMATCH_WORDS = {"sampler": "Sampler in checkpoint does not match dataloader sampler. ",
+                         "data_source": "DataSource in checkpoint does not match datasource in dataloader. "}
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -570,9 +573,11 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
                  and state_lib.without_content_hash(saved) == state_lib.without_content_hash(mine))
       why = (" (the same file names and record counts, but the files' content changed since the state was saved: "
              "regenerated or replaced?)" if changed else "")
+      # Grain's sentence first: clients match it (e.g. assertRaisesRegex on "DataSource in checkpoint").
+      grain_words = _GRAIN_MISMATCH_WORDS.get(key, "")
       error = state_lib.StateMismatchError(
-          f"DataLoader state is for another pipeline: {key} {saved!r} != this DataLoader's {mine!r}{why}; "
-          "restore it into the DataLoader that saved it, or start a fresh iterator.")
+          f"{grain_words}DataLoader state is for another pipeline: {key} {saved!r} != this DataLoader's "
+          f"{mine!r}{why}; restore it into the DataLoader that saved it, or start a fresh iterator.")
       error.concerns_sources = key == "data_source" and not changed  # Else it says so itself.
       raise error
     if version != _V1_STATE_VERSION and "last_seen_indices" in state:
