@@ -341,6 +341,14 @@ class DataLoader:
     except (KeyError, TypeError):
       raise ValueError(f"This DataLoader state's last_seen_indices {seen!r} do not list workers 0..{workers - 1} "
                        f"as Grain's do for worker_count={grain_workers}.") from None
+    extra = [k for k in seen if k not in {str(w) for w in range(workers)}]
+    if extra and grain_workers != self._multiprocessing_options.num_workers:
+      # Translated to another worker count, the entries past worker_count's were dropped and their records
+      # handed out again (an edited worker_count); Grain refuses any other worker count.
+      raise state_lib.StateMismatchError(
+          f"This DataLoader state's last_seen_indices {seen!r} list workers {', '.join(map(repr, extra))} that "
+          f"its worker_count={grain_workers} does not have: it was edited or damaged; restore another "
+          "checkpoint, or start a fresh iterator.")
     # Numbers only, as Grain's arithmetic on them (which takes True and 1.5 too) needs: "3" is its TypeError.
     wrong = [v for v in listed
              if not (isinstance(v, numbers.Integral) or isinstance(v, numbers.Real) and math.isfinite(v))]

@@ -253,6 +253,19 @@ class ForkedIteratorError(RuntimeError):
   """next() on an iterator in a process forked from the one that created it."""
 
 
+# How many forks this process is from the first one (a child's count is its parent's + 1):
+# MapDatasetIterator.__next__ compares it per element, which os.getpid() (a system call) would cost more.
+_forks = [0]
+
+
+def _count_fork() -> None:
+  _forks[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+  os.register_at_fork(after_in_child=_count_fork)
+
+
 def check_same_process(pid: int) -> None:
   """Raises ForkedIteratorError unless this is process `pid` (an iterator's threads
   and worker pipes belong to the process that started them)."""
@@ -355,6 +368,7 @@ class ChunkComputer:
     self._probed = False
     self._lock = threading.Lock()
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+    self._pool_forks = _forks[0]
     self._closed = False
 
   @property
@@ -473,9 +487,15 @@ class ChunkComputer:
     with self._lock:
       if self._pool is None and not self._closed:
         self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="loader-map")
+        self._pool_forks = _forks[0]
       return self._pool
 
   def close(self) -> None:
+    if self._pool is not None and self._pool_forks != _forks[0]:
+      # In a forked child the pool's threads are the parent's, and a lock one held at the fork stays held
+      # here: shutting it down (or taking our lock) waited for ever. There is nothing of ours to stop.
+      self._closed, self._pool = True, None
+      return
     with self._lock:
       self._closed = True
       pool, self._pool = self._pool, None
@@ -588,9 +608,15 @@ class ThreadChunkProducer:
 
   def close(self) -> None:
     self._closed = True
-    self.reset(self._len)
-    if self._finalizer is not None:
-      self._finalizer()
+    if self._pool is not None and self._pid != os.getpid():
+      # A forked child: the pool, its futures and their locks are the parent's (see ChunkComputer.close).
+      self._pending.clear()
+      if self._finalizer is not None:
+        self._finalizer.detach()
+    else:
+      self.reset(self._len)
+      if self._finalizer is not None:
+        self._finalizer()
     self._computer.close()
 
 
@@ -668,6 +694,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     # are handed out. (counts before the chunk, its dropped mask) lets a move
     # (set_state) take back the elements not handed out.
     self._ratio_undo: tuple[tuple[int, int], list[bool] | None] | None = None
+    self._forks_seen = _forks[0]
     producer.reset(0)
 
   def start_prefetch(self) -> None:
@@ -677,6 +704,8 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
 
   def __next__(self) -> T:
     self._assert_not_closed()  # Even with elements left in the buffer, as Grain.
+    if self._forks_seen != _forks[0]:
+      self._check_not_forked()
     while True:
       if self._pos >= len(self._buffer):
         # Worker pools lock their reads (see mp_prefetch): held over the
@@ -702,6 +731,15 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
         return x if x is not batching.NONE_ELEMENT else None
       if self._allow_nones:
         return x
+
+  def _check_not_forked(self) -> None:
+    """In a forked child, raises ForkedIteratorError where the producer's threads or workers are the parent's.
+
+    On every next(), not only when a chunk runs out: the rest of a chunk the parent took came here too,
+    and the child handed out elements the parent also hands out before it raised.
+    """
+    getattr(self._producer, "consume_lock", None)  # The property checks the process once threads or workers run.
+    self._forks_seen = _forks[0]
 
   def _refill(self) -> None:
     """Takes the next chunk into the buffer, or raises what comes at this position (an error, StopIteration)."""

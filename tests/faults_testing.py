@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import struct
 import subprocess
@@ -262,3 +263,52 @@ def in_time(fn, seconds: float = 20):
   t.join(seconds)
   assert result, f"still running after {seconds} s"
   return result[0]
+
+
+def run_cli_in_memory(module: str, *args: str, address_space: int, timeout: float = 300) -> subprocess.CompletedProcess:
+  """Runs `python -m module args` with at most `address_space` bytes of virtual memory (`ulimit -v`)."""
+
+  def limit() -> None:
+    import resource  # pylint: disable=g-import-not-at-top
+    resource.setrlimit(resource.RLIMIT_AS, (address_space, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+  e = env()
+  # glibc reserves 64 MiB of address space per malloc arena, up to 8 per core: the same run's footprint would
+  # grow with the machine's cores, and a limit that fits here would not fit there.
+  e["MALLOC_ARENA_MAX"] = "2"
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=e,
+                        capture_output=True, text=True, timeout=timeout, preexec_fn=limit)
+
+
+def in_fork(fn: Callable[[], str], seconds: float = 30) -> str:
+  """fn()'s result (or its exception's type name and message) in a child made with os.fork.
+
+  The child ends with os._exit: no exit hook of the parent's (pytest's, multiprocessing's) runs there.
+  """
+  read, write = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    try:
+      try:
+        out = fn()
+      except BaseException as e:  # pylint: disable=broad-except
+        out = f"{type(e).__name__}: {e}"
+      os.write(write, out.encode())
+    finally:
+      os._exit(0)
+  os.close(write)
+  deadline = time.monotonic() + seconds
+  chunks = []
+  with os.fdopen(read, "rb") as f:
+    while True:
+      left = deadline - time.monotonic()
+      if left <= 0 or not select.select([f], [], [], left)[0]:
+        os.kill(pid, signal.SIGKILL)  # A hung child would outlive the test otherwise.
+        os.waitpid(pid, 0)
+        raise AssertionError(f"the forked child ran past {seconds} s")
+      chunk = os.read(f.fileno(), 1 << 16)
+      if not chunk:
+        break
+      chunks.append(chunk)
+  os.waitpid(pid, 0)
+  return b"".join(chunks).decode()
