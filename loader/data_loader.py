@@ -357,9 +357,8 @@ class DataLoader:
           f"This DataLoader state's last_seen_indices {seen!r} hold {wrong[0]!r}, not a record index: it was "
           "edited or damaged; restore another checkpoint, or start a fresh iterator.")
     offsets = [int(v) - shard_index - w * shard_count for w, v in enumerate(listed)]
-    if any(o % stride for o in offsets):
-      raise ValueError(f"This Grain state was written by another shard or worker layout: its last seen indices "
-                       f"{seen} are not those of shard {shard_index} of {shard_count} with {grain_workers} workers.")
+    # Grain's next_index is this floor division, also for indices of another layout: out of range, its
+    # IndexError comes first.
     consumed = [o // stride + 1 for o in offsets]
     k = sum(consumed)
     if min(consumed) < 0 or k > self._pipeline.num_positions:
@@ -368,6 +367,11 @@ class DataLoader:
           f"This DataLoader state's last_seen_indices {seen!r} are out of range: they say {k} records of this "
           f"shard's {self._pipeline.num_positions} were read. Were they edited? Restore another checkpoint, or "
           "start a fresh iterator.")
+    if any(o % stride for o in offsets):
+      raise state_lib.StateMismatchError(
+          f"This Grain state was written by another shard or worker layout: its last seen indices {seen} are not "
+          f"those of shard {shard_index} of {shard_count} with {grain_workers} workers; restore it into the "
+          "DataLoader that saved it, or start a fresh iterator.")
     if any(n != max(0, -(-(k - w) // workers)) for w, n in enumerate(consumed)):
       raise ValueError(
           f"Cannot resume this Grain state exactly: its {workers} workers had read {consumed} records each, "
@@ -541,10 +545,12 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
     elif set(state) == _GRAIN_STATE_KEYS:
       self._set_grain_state(state)
     else:
-      raise (_ForeignDictStateError if given_dict else state_lib.StateMismatchError)(
-          f"Not a DataLoader state (keys {sorted(state)}); expected the bytes "
-                       "DataLoaderIterator.get_state() returned, from loader or Grain 0.2.18 (Grain's states of "
-                       "pipelines with a FlatMap are dataset states, which loader cannot resume).")
+      message = (f"Not a DataLoader state (keys {sorted(state)}); expected the bytes "
+                 "DataLoaderIterator.get_state() returned, from loader or Grain 0.2.18 (Grain's states of "
+                 "pipelines with a FlatMap are dataset states, which loader cannot resume).")
+      # Without one of Grain's keys, Grain's set_state raises KeyError on it: a StateKeyError is one too.
+      raise (_ForeignDictStateError(message) if given_dict
+             else state_lib.mismatch(state, _GRAIN_STATE_KEYS, message))
 
   def _set_own_state(self, state: dict[str, Any]) -> None:
     # Version 1 kept ours in "version", which is Grain's since version 2.
