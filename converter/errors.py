@@ -5,6 +5,11 @@ from __future__ import annotations
 import re
 import signal as _signal
 
+try:  # Imported now: with no memory left, as when it is needed, an import can fail too.
+  import resource as _resource
+except ImportError:  # Not on every platform.
+  _resource = None
+
 
 class ConversionError(Exception):
   """Base class for errors raised by the converter."""
@@ -64,6 +69,50 @@ class CorruptRecordError(ConversionError):
     super().__init__(
         f"{path}: record {record_index} at {where} {offset} is corrupt: {reason}. "
         f"Nothing was written for this file. {advice}")
+
+
+def _memory_limit() -> str:
+  """ulimit -v as ' (this process may use at most N MiB: `ulimit -v`)', or '' when unlimited."""
+  if _resource is None:
+    return ""
+  try:
+    soft = _resource.getrlimit(_resource.RLIMIT_AS)[0]
+  except (OSError, ValueError):
+    return ""
+  return "" if soft == _resource.RLIM_INFINITY else f" (this process may use at most {soft >> 20:,} MiB: `ulimit -v`)"
+
+
+class RecordMemoryError(ConversionError, MemoryError):
+  """A record that did not fit in the converting process's memory (a MemoryError while it was read or written).
+
+  A MemoryError too, so code that handles running out of memory keeps handling it.
+  """
+
+  exit_code = 1  # Found while converting: shards may have been written.
+
+  def __init__(self, path: str, record_index: int, offset: int | None, length: int | None,
+               compressed: bool = False):
+    self.path, self.record_index, self.offset, self.length = path, record_index, offset, length
+    self.compressed = compressed
+    where = "" if offset is None else \
+        f" at {'byte offset (in the decompressed stream)' if compressed else 'byte offset'} {offset}"
+    size = "" if length is None else f" ({length:,} data bytes)"
+    super().__init__(
+        f"{path}: record {record_index}{where}{size} did not fit in memory{_memory_limit()}. Give the run more "
+        "memory (raise `ulimit -v` or the container's or job's memory limit, or use fewer --workers) and run it "
+        "again; a conversion wrote nothing for this file and keeps the shards already written (rerun it with "
+        "--skip-existing).")
+
+  def __reduce__(self):
+    # MemoryError's own __new__ refuses ConversionError's rebuild (cls.__new__(cls)); from the fields then.
+    return (_rebuild_memory_error, (type(self), self.args, self.__dict__))
+
+
+def _rebuild_memory_error(cls, args, state):
+  e = cls(state["path"], state["record_index"], state["offset"], state["length"], state["compressed"])
+  e.args = args  # The message as the process that raised it wrote it (its memory limit).
+  e.__dict__.update(state)
+  return e
 
 
 class NotTFRecordError(CorruptRecordError):

@@ -32,6 +32,8 @@ _LEN = struct.Struct("<Q")
 READ_BLOCK = 1024
 # Records per batch in write_digested (see there).
 _WRITE_BATCH = 256
+# At most this many bytes of records per batch (a record bigger than it is a batch of its own).
+_WRITE_BATCH_BYTES = 4 << 20
 
 
 class RecordDigest:
@@ -68,9 +70,25 @@ def write_digested(records: Iterable[bytes], write: Callable[[bytes], Any],
   is slightly cheaper than a bare read-and-write loop (bench/convert.py).
   """
   it = iter(records)
-  while batch := list(islice(it, _WRITE_BATCH)):
-    for record in batch:
-      write(record)
+  while True:
+    # Capped in bytes too: 256 records of 30 MB each (video clips, say) were all held at once, so memory grew
+    # with a shard's big records rather than with its biggest one.
+    batch, size = [], 0
+    append = batch.append
+    for record in islice(it, _WRITE_BATCH):
+      append(record)
+      size += len(record)
+      if size >= _WRITE_BATCH_BYTES:
+        break
+    if not batch:
+      return
+    try:
+      for record in batch:
+        write(record)
+    except MemoryError as e:
+      # Which record the writer could not take (by identity: equal records may come before it).
+      e.record_at = (digest.records + next(i for i, r in enumerate(batch) if r is record), len(record))
+      raise
     digest.update_many(batch)
 
 

@@ -19,7 +19,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from converter.errors import (CompressionMismatchError, CorruptRecordError, InputError, NotTFRecordError,
-                              is_remote_not_found)
+                              RecordMemoryError, is_remote_not_found)
 from loader import ondisk
 from loader.ondisk import RIEGELI_SIGNATURE, is_local
 from loader.iter_sources import tfrecord as tfrecord_source
@@ -114,7 +114,7 @@ class _Decompressor:
     self._fault: _Damaged | None = None
 
   def read_chunk(self) -> bytes:
-    """Next decompressed bytes; b"" at the end.
+    """Next decompressed bytes (about _CHUNK at most); b"" at the end.
 
     Raises _Truncated, or _Damaged once the output before the damage has been
     returned.
@@ -124,37 +124,60 @@ class _Decompressor:
         raise self._fault
       data, self._pending = (self._pending or self._raw.read(_CHUNK)), b""
       if not data:
+        try:  # What a stop at the output limit left inside zlib (at most one match), and the end marker.
+          rest = self._d.flush()
+        except zlib.error:
+          rest = b""
         # An empty file holds no records (as in TensorFlow); a started stream
         # must reach its end marker.
         if self._seen_input and not self._d.eof:
           raise _Truncated()
-        return self._d.flush()
+        return rest
       self._seen_input = True
       view = memoryview(data)
-      out = [self._feed(view[i:i + _STEP], self._offset + i)
-             for i in range(0, len(data), _STEP) if self._fault is None]
-      self._offset += len(data)
+      out, size, used = [], 0, 0
+      # Up to _CHUNK decoded bytes a call; the rest of the input waits for the next. Decoding a whole read at
+      # once held up to ~1000 times its size (4 GB for a 4 MiB read of zeros or padding).
+      while used < len(view) and size < _CHUNK and self._fault is None:
+        got, n = self._feed(view[used:used + _STEP], self._offset + used, _CHUNK - size)
+        out.append(got)
+        size += len(got)
+        used += n
+      self._pending = view[used:]
+      self._offset += used
       out = b"".join(out)
       if out:
         return out
 
-  def _feed(self, piece: memoryview, offset: int) -> bytes:
-    """Decompresses one piece starting at compressed `offset`; on damage sets _fault."""
-    out = []
-    while piece:
+  def _feed(self, piece: memoryview, offset: int, limit: int) -> tuple[bytes, int]:
+    """Decompresses from a piece starting at compressed `offset`, up to `limit` bytes (> 0).
+
+    Returns the output and how many bytes of the piece it used; on damage sets _fault (and uses all).
+    """
+    out, size, whole = [], 0, len(piece)
+    while piece and size < limit:
       saved = self._d.copy()
       try:
-        got = self._d.decompress(piece)
+        got = self._d.decompress(piece, limit - size)
       except zlib.error as e:
         got, at = _salvage(saved, piece)
         out.append(got)
         self._member_output += len(got)
         self._fault = _Damaged(self._kind, str(e), offset + at, self._member_start,
                                self._member_output)
-        break
+        return b"".join(out), whole
       out.append(got)
+      size += len(got)
       self._member_output += len(got)
-      if not (self._d.eof and self._d.unused_data):
+      if not self._d.eof:
+        # With the output limit reached, the rest of the piece is decoded by a later call.
+        tail = self._d.unconsumed_tail
+        offset += len(piece) - len(tail)
+        piece = memoryview(tail)
+        continue
+      # (At the end of a member, unconsumed_tail may still hold what unused_data now holds: not read twice.)
+      if not self._d.unused_data:
+        piece = piece[len(piece):]
         break
       # The member ended inside this piece: the rest starts the next member.
       rest = self._d.unused_data
@@ -162,7 +185,7 @@ class _Decompressor:
       piece = memoryview(rest)
       self._d = zlib.decompressobj(self._wbits)
       self._member_start, self._member_output = offset, 0
-    return b"".join(out)
+    return b"".join(out), whole - len(piece)
 
 
 def _salvage(d, piece: memoryview) -> tuple[bytes, int]:
@@ -339,62 +362,68 @@ class TFRecordReader:
     stats = self.stats
     header_unpack = _HEADER.unpack_from
     footer_unpack = _FOOTER.unpack_from
-    while True:
-      avail = len(buf) - pos
-      if avail < 12:
-        if not eof:
-          buf, pos, base, eof = self._refill(chunks, buf, pos, base)
-          continue
-        if avail == 0:
-          if self._stream_truncated:
-            self._truncated_stream(base + pos)
-          elif self._stream_damage is not None:
-            self._damaged_stream(base + pos)
+    try:
+      while True:
+        avail = len(buf) - pos
+        if avail < 12:
+          if not eof:
+            buf, pos, base, eof = self._refill(chunks, buf, pos, base)
+            continue
+          if avail == 0:
+            if self._stream_truncated:
+              self._truncated_stream(base + pos)
+            elif self._stream_damage is not None:
+              self._damaged_stream(base + pos)
+            return
+          self._bad_tail(base + pos, self._cut_reason("the file ends inside a record header "
+                         f"({avail} of 12 bytes; the file is truncated)"))
           return
-        self._bad_tail(base + pos, self._cut_reason("the file ends inside a record header "
-                       f"({avail} of 12 bytes; the file is truncated)"))
-        return
-      length, length_crc = header_unpack(buf, pos)
-      if masked_crc(buf[pos:pos + 8]) != length_crc:
-        buf, pos, base, eof = self._resync(buf, pos, base, chunks, eof)
-        continue
-      end = pos + 12 + length + 4
-      if end > len(buf):
-        if not eof:
-          buf, pos, base, eof = self._refill(chunks, buf, pos, base, need=end - pos)
+        length, length_crc = header_unpack(buf, pos)
+        if masked_crc(buf[pos:pos + 8]) != length_crc:
+          buf, pos, base, eof = self._resync(buf, pos, base, chunks, eof)
           continue
-        present = min(len(buf) - pos - 12, length)
-        reason = self._cut_reason(
-            f"the file ends inside the record (header says {length} data bytes, {present} "
-            "present, plus a 4-byte checksum; the file is truncated)")
-        if self.on_corrupt == "skip" and self._stream_damage is None:
-          # A cut record followed by whole ones (a partial download with
-          # another file appended): the records after the cut are kept.
-          buf, pos, base, eof = self._resync(buf, pos, base, chunks, eof, after="cut")
+        end = pos + 12 + length + 4
+        if end > len(buf):
+          if not eof:
+            buf, pos, base, eof = self._refill(chunks, buf, pos, base, need=end - pos)
+            continue
+          present = min(len(buf) - pos - 12, length)
+          reason = self._cut_reason(
+              f"the file ends inside the record (header says {length} data bytes, {present} "
+              "present, plus a 4-byte checksum; the file is truncated)")
+          if self.on_corrupt == "skip" and self._stream_damage is None:
+            # A cut record followed by whole ones (a partial download with
+            # another file appended): the records after the cut are kept.
+            buf, pos, base, eof = self._resync(buf, pos, base, chunks, eof, after="cut")
+            continue
+          self._bad_tail(base + pos, reason)
+          return
+        data = buf[pos + 12:pos + 12 + length]
+        if masked_crc(data) != footer_unpack(buf, pos + 12 + length)[0]:
+          if self.on_corrupt == "fail":
+            raise self._corrupt(base + pos, "data checksum mismatch")
+          if end + 12 > len(buf) and not eof:
+            buf, pos, base, eof = self._refill(chunks, buf, pos, base)
+            continue
+          if end == len(buf) or _is_uncompressed_header(buf[end:end + 12]):
+            # Only this record's data is damaged: the next record starts where its header says.
+            self._note_loss(base + pos)
+            stats.skipped += 1
+            pos = end
+            continue
+          # Its length is wrong too (a record cut short and another file's
+          # records after it): the next whole record is searched for instead.
+          buf, pos, base, eof = self._resync(buf, pos, base, chunks, eof, after="data")
           continue
-        self._bad_tail(base + pos, reason)
-        return
-      data = buf[pos + 12:pos + 12 + length]
-      if masked_crc(data) != footer_unpack(buf, pos + 12 + length)[0]:
-        if self.on_corrupt == "fail":
-          raise self._corrupt(base + pos, "data checksum mismatch")
-        if end + 12 > len(buf) and not eof:
-          buf, pos, base, eof = self._refill(chunks, buf, pos, base)
-          continue
-        if end == len(buf) or _is_uncompressed_header(buf[end:end + 12]):
-          # Only this record's data is damaged: the next record starts where its header says.
-          self._note_loss(base + pos)
-          stats.skipped += 1
-          pos = end
-          continue
-        # Its length is wrong too (a record cut short and another file's
-        # records after it): the next whole record is searched for instead.
-        buf, pos, base, eof = self._resync(buf, pos, base, chunks, eof, after="data")
-        continue
-      stats.records += 1
-      stats.bytes_records += length
-      pos = end
-      yield data
+        stats.records += 1
+        stats.bytes_records += length
+        pos = end
+        yield data
+    except MemoryError:
+      # A bare "MemoryError" named neither the file nor the record; the record is the one at buf[pos:].
+      length = header_unpack(buf, pos)[0] if len(buf) - pos >= 12 else None
+      raise RecordMemoryError(self.path, stats.records + stats.skipped, base + pos, length,
+                              compressed=self.detected_compression not in (None, "none")) from None
 
   def _refill(self, chunks: Iterator[bytes], buf: bytes, pos: int, base: int, need: int = 0):
     """The unread rest of buf with the next chunk appended, or chunks until it holds `need` bytes:

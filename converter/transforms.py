@@ -12,7 +12,7 @@ from apache_beam.metrics import Metrics
 from converter import manifest as _manifest
 from converter import writer as _writer
 from converter.errors import (ConcurrentRunError, CorruptRecordError, DamagedSinceError, InputChangedError, InputError,
-                              KeptOutputError, KeptOutputGoneError)
+                              KeptOutputError, KeptOutputGoneError, RecordMemoryError)
 from converter.manifest import RecordDigest
 from converter.options import ConvertOptions
 from converter.planning import ShardPlan, marker_entries, match_pattern, plan_shards
@@ -121,6 +121,12 @@ class _ConvertShardFn(beam.DoFn):
       # It was a regular file when planned: found gone or unreadable while
       # converting, after other shards may have been written (exit 1, not 2).
       raise InputChangedError(e.path, e.problem) from None
+    except RecordMemoryError:
+      raise
+    except MemoryError as e:
+      # The writer's (the reader's own names the record's offset): one line naming the file, not a bare MemoryError.
+      index, length = getattr(e, "record_at", (reader.stats.records, None))
+      raise RecordMemoryError(plan.input, index, None, length) from None
     except CorruptRecordError as e:
       _check_unchanged(reader)  # A file rewritten under the reader looks damaged; say what happened.
       if opts.on_corrupt == "fail":

@@ -383,8 +383,8 @@ class ArrayRecordShardWriter:
         writer, self._writer = self._writer, None
         try:
           writer.close()
-        except RuntimeError:
-          pass  # Already failing (e.g. the disk is full); the temp file goes anyway.
+        except (RuntimeError, MemoryError):
+          pass  # Already failing (a full disk; std::bad_alloc again, after the write's); the temp file goes anyway.
     finally:
       self._remove_tmp()
     # ArrayRecordWriter.write reports a full disk as a RuntimeError.

@@ -186,6 +186,10 @@ def run_reporting_errors(prog: str, run: Callable[[], Any], output_flag: str = "
     code = getattr(e, "exit_code", 2)
     return None, report(str(e).split(" [while running")[0], code)
   except Exception as e:  # pylint: disable=broad-except
+    if isinstance(e, BrokenPipeError) and getattr(sys.stdout, "reader_gone", False):
+      # Our own output's reader went away (`... | head -1`): the console script stops quietly (exit 141), as
+      # after the summary; this was "Broken pipe (the storage server could not be reached ...)", exit 1.
+      raise
     # The runner's own failure: its root cause in one line, not a Beam traceback.
     msg = user_error_from(e) or root_cause_line(e)
     if _lost_connection(e) or re.search(r"Connection(Refused|Reset|Aborted)?Error|Connection refused", msg):

@@ -150,6 +150,7 @@ class _Stdout:
   def __init__(self, stream: Any):
     self._stream = stream
     self.error: OSError | None = None
+    self.reader_gone = False  # A BrokenPipeError was raised: cli.run_reporting_errors lets it through to run().
 
   def _lost(self, e: OSError) -> None:
     self.error = e
@@ -165,6 +166,7 @@ class _Stdout:
       try:
         return self._stream.write(text)
       except BrokenPipeError:
+        self.reader_gone = True
         raise
       except OSError as e:
         self._lost(e)
@@ -175,6 +177,7 @@ class _Stdout:
       try:
         self._stream.flush()
       except BrokenPipeError:
+        self.reader_gone = True
         raise
       except OSError as e:
         self._lost(e)

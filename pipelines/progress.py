@@ -231,7 +231,12 @@ class Watcher:
       except Exception:  # pylint: disable=broad-except  # Progress must never fail a run.
         continue
       if self._due(snap):
-        self._emit(snap)
+        try:
+          self._emit(snap)
+        except (OSError, ValueError):
+          # Its reader went away (`| head -1`) or it was closed: a traceback of this thread on stderr
+          # before; the run goes on, and its summary's print meets the same stream.
+          return
 
   def __enter__(self) -> Watcher:
     # Outputs that exist before the run (--overwrite) count only once replaced.
