@@ -247,6 +247,15 @@ def tmpfs(path: str, size: str, read_only: bool = False, inodes: int | None = No
       subprocess.run(["umount", "-l", path], capture_output=True)
 
 
+def error_of(fn: Callable[[], object]) -> Exception:
+  """The exception fn() raises; fails the test if it returns."""
+  try:
+    fn()
+  except Exception as e:  # pylint: disable=broad-except
+    return e
+  raise AssertionError("no error was raised")
+
+
 def in_time(fn, seconds: float = 20):
   """fn()'s exception, raised within `seconds` (a hang fails the test instead of the run)."""
   result: list[BaseException | None] = []

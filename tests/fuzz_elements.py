@@ -42,6 +42,25 @@ def deadline(seconds, error=Hang):
       signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 0.001))
 
 
+
+def observe_both(observe, spec, grain_lib, seconds: float):
+  """Grain's observation of `spec`, then loader's given Grain's states: (grain's, loader's, early result).
+
+  The early result is what a round's compare returns at once: Grain hung (not comparable), or loader
+  hung where Grain did not (a difference); None when both finished. Loader gets 4x Grain's time.
+  """
+  try:
+    with deadline(seconds):
+      g = observe(grain_lib, spec)
+  except Hang:
+    return None, None, ([], False, False)
+  try:
+    with deadline(seconds * 4):
+      lo = observe(loader, spec, g.get("states"))
+  except Hang:
+    return g, None, ([("loader hangs",)], True, True)
+  return g, lo, None
+
 def canon(x):
   """A comparable form of an element: values, container types, numpy dtypes and shapes."""
   if isinstance(x, np.ndarray):

@@ -74,13 +74,6 @@ _ADVICE = re.compile(r"start (a|the) (fresh|new)|fresh iterator|restore another|
                      r"convert|copy it|download|write it again|regenerate|delete")
 
 
-def _error(fn) -> BaseException:
-  try:
-    fn()
-  except Exception as e:  # pylint: disable=broad-except
-    return e
-  raise AssertionError("no error was raised")
-
 
 @pytest.fixture(autouse=True)
 def _in_time():
@@ -114,7 +107,7 @@ def _saved_data_loader_state(tmp_path, paths, **kwargs) -> str:
 def test_a_data_loader_state_of_another_pipeline_is_a_state_mismatch_error_that_says_what_to_do(tmp_path, other):
   paths = write_array_records(tmp_path / "d", 2, 10)
   saved = _saved_data_loader_state(tmp_path, paths)
-  e = _error(lambda: loader.restore_state(saved, iter(_data_loader(paths, **other))))
+  e = ft.error_of(lambda: loader.restore_state(saved, iter(_data_loader(paths, **other))))
   line = str(e)
   assert "\n" not in line and saved in line, line
   assert isinstance(e, state_lib.StateMismatchError), (type(e).__mro__, line)  # README: refusals are these.
@@ -130,7 +123,7 @@ def test_a_data_loader_state_over_files_regenerated_since_says_their_content_cha
     for i in range(10):
       w.write(record_bytes(1000 + 10 * k + i))
     w.close()
-  e = _error(lambda: loader.restore_state(saved, iter(_data_loader(paths))))
+  e = ft.error_of(lambda: loader.restore_state(saved, iter(_data_loader(paths))))
   line = str(e)
   assert "\n" not in line and saved in line, line
   assert isinstance(e, state_lib.StateMismatchError), (type(e).__mro__, line)
@@ -156,7 +149,7 @@ def test_a_state_over_a_shard_changed_since_the_save_names_that_shard(tmp_path, 
   for i in range(records):
     w.write(record_bytes(500 + i))
   w.close()
-  e = _error(lambda: loader.restore_state(saved, iter(ds())))
+  e = ft.error_of(lambda: loader.restore_state(saved, iter(ds())))
   line = str(e)
   assert isinstance(e, state_lib.StateMismatchError) and "\n" not in line and saved in line, line
   # Refused, but as "operation 0 is not 'source(ArrayRecordSource(3 files, 31 records, ...))'": which of the
@@ -168,7 +161,7 @@ def test_a_data_loader_state_restored_into_a_map_datasets_iterator_says_whose_st
   paths = write_array_records(tmp_path / "d", 2, 10)
   saved = _saved_data_loader_state(tmp_path, paths)
   ds = loader.MapDataset.source(loader.ArrayRecordSource(paths)).shuffle(seed=3).batch(2).to_iter_dataset()
-  e = _error(lambda: loader.restore_state(saved, iter(ds)))
+  e = ft.error_of(lambda: loader.restore_state(saved, iter(ds)))
   line = str(e)
   assert "\n" not in line and saved in line and isinstance(e, state_lib.StateMismatchError), line
   assert "DataLoader" in line, f"does not say it is a DataLoader's state: {line}"
@@ -199,7 +192,7 @@ def _grain_error(value):
   state = json.loads(it.get_state())
   state["last_seen_indices"] = {"0": value}
   it = iter(dl)
-  return _error(lambda: (it.set_state(json.dumps(state).encode()), next(it)))
+  return ft.error_of(lambda: (it.set_state(json.dumps(state).encode()), next(it)))
 
 
 @pytest.mark.parametrize("value,grain_type", [("3", TypeError), (10**9, IndexError), (-5, IndexError)],
@@ -219,7 +212,7 @@ def test_edited_last_seen_indices_are_refused_with_grains_type_naming_the_file(t
     loader.restore_state(saved, it)
     return next(it)
 
-  e = _error(restore_and_read)  # Not a batch from elsewhere, nor an empty stream (StopIteration).
+  e = ft.error_of(restore_and_read)  # Not a batch from elsewhere, nor an empty stream (StopIteration).
   line = str(e)
   assert isinstance(e, grain_type) and isinstance(e, ValueError), (type(e).__mro__, line)
   assert "\n" not in line and saved in line and "last_seen_indices" in line, line
@@ -233,7 +226,7 @@ def test_edited_last_seen_indices_are_refused_with_grains_type_naming_the_file(t
 def test_a_file_that_is_not_array_record_says_what_to_do(tmp_path, content):
   path = tmp_path / "train.array_record-00000-of-00001"
   path.write_bytes(content)
-  e = _error(lambda: loader.sources.ArrayRecordDataSource([str(path)]))
+  e = ft.error_of(lambda: loader.sources.ArrayRecordDataSource([str(path)]))
   line = str(e)
   assert isinstance(e, RuntimeError), type(e).__mro__  # Grain's type.
   assert "\n" not in line and line.startswith(str(path)), line
@@ -253,7 +246,7 @@ def test_an_element_that_cannot_go_back_from_a_worker_is_named_with_what_to_do()
   before = shm_segments()
   it = iter(ds.mp_prefetch(loader.MultiprocessingOptions(num_workers=1)))
   try:
-    e = _error(lambda: next(it))
+    e = ft.error_of(lambda: next(it))
   finally:
     it.close()
   line = str(e)
@@ -367,11 +360,11 @@ def test_a_map_dataset_state_edited_or_of_another_pipeline_is_refused_in_one_lin
     edited = str(tmp_path / "edited.json")
     with open(edited, "w") as f:
       json.dump({**doc, "state": {**doc["state"], "next_index": value}}, f)
-    e = _error(lambda: loader.restore_state(edited, iter(ds())))
+    e = ft.error_of(lambda: loader.restore_state(edited, iter(ds())))
     assert isinstance(e, want) and isinstance(e, state_lib.StateMismatchError), (value, type(e).__mro__)
     assert "\n" not in str(e) and edited in str(e), str(e)
   for other in [dict(seed=2), dict(batch=3), dict(repeat=2)]:
-    e = _error(lambda: loader.restore_state(saved, iter(ds(**other))))
+    e = ft.error_of(lambda: loader.restore_state(saved, iter(ds(**other))))
     assert isinstance(e, state_lib.StateMismatchError) and "\n" not in str(e) and saved in str(e), str(e)
     assert _ADVICE.search(str(e)), str(e)
   fresh = iter(ds())

@@ -65,13 +65,6 @@ def _in_time():
     yield
 
 
-def _error(fn) -> BaseException:
-  try:
-    fn()
-  except Exception as e:  # pylint: disable=broad-except
-    return e
-  raise AssertionError("no error was raised")
-
 
 def _workers() -> set[int]:
   """This process's live spawned worker processes (not multiprocessing's resource tracker)."""
@@ -200,7 +193,7 @@ def test_a_deleted_working_directory_is_named_when_workers_start_and_nothing_is_
   monkeypatch.chdir(gone)
   gone.rmdir()  # A cleanup removes the job's folder while it runs.
   before = _workers()
-  e = _error(lambda: next(it))
+  e = ft.error_of(lambda: next(it))
   line = str(e)
   # Was multiprocessing's bare "[Errno 2] No such file or directory".
   assert isinstance(e, FileNotFoundError) and "\n" not in line, (type(e), line)
@@ -333,7 +326,7 @@ def test_a_data_loader_state_over_other_files_is_a_state_mismatch_error_naming_t
   loader.save_state(saved, it)
   other = paths[::-1] if change == "files in another order" else paths[:2]
   restored = iter(_data_loader(loader.ArrayRecordSource(other)))
-  e = _error(lambda: loader.restore_state(saved, restored))
+  e = ft.error_of(lambda: loader.restore_state(saved, restored))
   line = str(e)
   assert isinstance(e, state_lib.StateMismatchError) and "\n" not in line and saved in line, (type(e), line)
   assert re.search(r"start a fresh iterator|restore it into", line), line

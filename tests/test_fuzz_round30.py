@@ -67,7 +67,7 @@ import loader.python  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from fuzz_elements import (Hang, adder as _adder, canon, deadline, element_hash as _hash,  # pylint: disable=unused-import
                            failer as _failer, keeper as _keeper, leafmap as _leafmap, quiet as _quiet,
                            random_add as _random_add)
-from fuzz_elements import observe_iteration
+from fuzz_elements import observe_both, observe_iteration
 from fuzz_elements import (attempt as _attempt, is_error as _is_error, next_canon as _next,
                            same_outcome as _same_outcome, same_stream as _same_stream, stream as _stream)
 
@@ -675,16 +675,9 @@ def _unthreaded_with_errors(spec, g_stream) -> bool:
 
 def _compare(spec):
   """(differences of loader from Grain, whether Grain was comparable, whether Grain's own restores were exact)."""
-  try:
-    with deadline(GRAIN_TIMEOUT_S):
-      g = observe(grain, spec)
-  except Hang:
-    return [], False, False
-  try:
-    with deadline(GRAIN_TIMEOUT_S * 4):
-      lo = observe(loader, spec, g.get("states"))
-  except Hang:
-    return [("loader hangs",)], True, True
+  g, lo, early = observe_both(observe, spec, grain, GRAIN_TIMEOUT_S)
+  if early is not None:
+    return early
   diffs = []
   for key in ["build", "len", "iter", "iter_len", "iter_getitem", "iter_slice"]:
     if (key in g or key in lo) and not _same_outcome(g.get(key), lo.get(key)):

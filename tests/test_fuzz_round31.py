@@ -59,7 +59,7 @@ import loader  # pylint: disable=g-import-not-at-top,wrong-import-position
 from grain._src.core import exceptions as grain_exceptions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from fuzz_elements import (Hang, adder as _adder, deadline, keeper as _keeper,  # pylint: disable=unused-import
                            quiet as _quiet)
-from fuzz_elements import observe_iteration
+from fuzz_elements import observe_both, observe_iteration
 from fuzz_elements import is_error as _is_error, same_outcome as _same_outcome, same_stream as _same_stream
 
 SEED = 2031
@@ -322,16 +322,9 @@ def _grain_cts_scalar_bug(g) -> bool:
 
 def compare(spec):
   """(differences of loader from Grain, whether Grain was comparable, whether Grain's own restores were exact)."""
-  try:
-    with deadline(GRAIN_TIMEOUT_S):
-      g = observe(grain, spec)
-  except Hang:
-    return [], False, False
-  try:
-    with deadline(GRAIN_TIMEOUT_S * 4):
-      lo = observe(loader, spec, g.get("states"))
-  except Hang:
-    return [("loader hangs",)], True, True
+  g, lo, early = observe_both(observe, spec, grain, GRAIN_TIMEOUT_S)
+  if early is not None:
+    return early
   if _grain_cts_scalar_bug(g):
     # test_concat_then_split_of_a_full_0d_feature_packs_where_grain_raises_its_internal_error: not copied. Loader
     # still restores exactly on its own states.

@@ -22,7 +22,7 @@ from loader import experimental
 from loader import source as source_lib
 from loader.iter_sources import parquet as parquet_lib
 from loader.iter_sources import tfrecord as tfrecord_lib
-from faults_testing import write_tfrecords as _write_tfrecord
+from faults_testing import error_of, write_tfrecords as _write_tfrecord
 
 
 _RECORDS = [b"a" * 10, b"b" * 10, b"c" * 10, b"d" * 10]  # 26 bytes each: record i starts at byte 26 * i.
@@ -48,13 +48,6 @@ _REASONS = {
     "cut_in_header": "the file ends inside a record header (7 of 12 bytes; the file is truncated)",
 }
 
-
-def _error(fn):
-  try:
-    fn()
-  except Exception as e:  # pylint: disable=broad-except
-    return e
-  raise AssertionError("no error raised")
 
 
 @pytest.mark.parametrize("how", sorted(_REASONS))
@@ -93,8 +86,8 @@ def test_tfrecord_error_worded_as_the_converters(tmp_path, how):
   good = _write_tfrecord(tmp_path / "good.tfrecord", _RECORDS)
   path = tmp_path / "bad.tfrecord"
   path.write_bytes(_damage(bytearray(open(good, "rb").read()), how))
-  ours = _error(lambda: list(experimental.TFRecordIterDataset(str(path))))
-  theirs = _error(lambda: list(read_tfrecords(str(path))))
+  ours = error_of(lambda: list(experimental.TFRecordIterDataset(str(path))))
+  theirs = error_of(lambda: list(read_tfrecords(str(path))))
   assert isinstance(theirs, converter_errors.CorruptRecordError)
   assert (ours.path, ours.record_index, ours.offset, ours.reason) == (
       theirs.path, theirs.record_index, theirs.offset, theirs.reason)
@@ -108,8 +101,8 @@ def test_tfrecord_cut_record_raises_the_class_grain_raises(tmp_path):
   good = _write_tfrecord(tmp_path / "good.tfrecord", _RECORDS)
   path = tmp_path / "cut.tfrecord"
   path.write_bytes(_damage(bytearray(open(good, "rb").read()), "cut_in_data"))
-  theirs = _error(lambda: list(grain.experimental.TFRecordIterDataset(str(path))))
-  ours = _error(lambda: list(experimental.TFRecordIterDataset(str(path))))
+  theirs = error_of(lambda: list(grain.experimental.TFRecordIterDataset(str(path))))
+  ours = error_of(lambda: list(experimental.TFRecordIterDataset(str(path))))
   assert type(theirs) is ValueError
   assert isinstance(ours, type(theirs))
 
@@ -130,7 +123,7 @@ def test_tfrecord_record_number_after_a_restore(tmp_path):
   with pytest.raises(ValueError, match=r"record 2 at byte offset 52 is corrupt"):
     next(it)
   it.set_state({"reader_offset": 5})  # Not where a record starts: its number is not known.
-  error = _error(lambda: next(it))
+  error = error_of(lambda: next(it))
   assert isinstance(error, ValueError)
   assert str(error).startswith(f"{path}: the record at byte offset 5 is corrupt: length checksum mismatch")
   assert error.record_index is None and it.get_state()["reader_offset"] == 5
@@ -217,11 +210,11 @@ def _damaged_row_group(parquet_file, tmp_path, g: int = 2):
 
 def test_parquet_damaged_row_group_names_file_group_row_offset_and_advice(parquet_file, tmp_path):
   path, offset = _damaged_row_group(parquet_file, tmp_path)
-  theirs = _error(lambda: list(grain.experimental.ParquetIterDataset(path)))
+  theirs = error_of(lambda: list(grain.experimental.ParquetIterDataset(path)))
   it = iter(experimental.ParquetIterDataset(path))
   rows = [int(next(it)["id"]) for _ in range(2 * _GROUP)]
   assert rows == list(range(2 * _GROUP))  # The row groups before the damage are read.
-  ours = _error(lambda: next(it))
+  ours = error_of(lambda: next(it))
   assert isinstance(ours, type(theirs))  # What callers of Grain's reader catch (pyarrow's class).
   assert type(ours.__cause__) is type(theirs)
   message = str(ours)
@@ -234,15 +227,15 @@ def test_parquet_damaged_row_group_names_file_group_row_offset_and_advice(parque
   # Nothing is lost: the state stays at the bad row group, and a retry says the same.
   state = it.get_state()
   assert (state["row_group"], state["index_within_row_group"]) == (2, 0)
-  assert str(_error(lambda: next(it))) == message
+  assert str(error_of(lambda: next(it))) == message
   restored = iter(experimental.ParquetIterDataset(path))
   restored.set_state({"row_group": 2, "index_within_row_group": 3})
-  assert str(_error(lambda: next(restored))) == message
+  assert str(error_of(lambda: next(restored))) == message
 
 
 def test_parquet_damaged_row_group_is_caught_as_pyarrow_raised_it(parquet_file, tmp_path):
   path, _ = _damaged_row_group(parquet_file, tmp_path)
-  cause = _error(lambda: list(experimental.ParquetIterDataset(path))).__cause__
+  cause = error_of(lambda: list(experimental.ParquetIterDataset(path))).__cause__
   caught = None
   try:
     list(experimental.ParquetIterDataset(path))
@@ -272,7 +265,7 @@ def _empty(src, tmp_path):
 @pytest.mark.parametrize("make", [_truncated, _text, _empty], ids=["truncated", "not_parquet", "empty"])
 def test_parquet_unreadable_file_names_it_and_keeps_pyarrows_class(parquet_file, tmp_path, make):
   path, says = make(parquet_file, tmp_path)
-  theirs = _error(lambda: iter(grain.experimental.ParquetIterDataset(str(path))))
+  theirs = error_of(lambda: iter(grain.experimental.ParquetIterDataset(str(path))))
   try:
     iter(experimental.ParquetIterDataset(str(path)))
   except ValueError as e:  # pyarrow's ArrowInvalid, which Grain's reader passes through.
@@ -291,7 +284,7 @@ def test_parquet_unreadable_file_names_it_and_keeps_pyarrows_class(parquet_file,
 
 def test_parquet_missing_file_is_a_file_not_found_error_naming_it(tmp_path):
   path = str(tmp_path / "nope.parquet")
-  theirs = _error(lambda: iter(grain.experimental.ParquetIterDataset(path)))
+  theirs = error_of(lambda: iter(grain.experimental.ParquetIterDataset(path)))
   try:
     iter(experimental.ParquetIterDataset(path))
   except FileNotFoundError as e:
@@ -313,9 +306,9 @@ def test_parquet_bad_file_among_several_is_named(parquet_file, tmp_path):
 def test_parquet_errors_survive_pickling(parquet_file, tmp_path):
   # What crossing from an mp_prefetch worker to the parent needs.
   path, _ = _damaged_row_group(parquet_file, tmp_path)
-  errors = [_error(lambda: list(experimental.ParquetIterDataset(path))),
-            _error(lambda: iter(experimental.ParquetIterDataset(str(tmp_path / "nope.parquet")))),
-            _error(lambda: iter(experimental.ParquetIterDataset(str(_text(parquet_file, tmp_path)[0]))))]
+  errors = [error_of(lambda: list(experimental.ParquetIterDataset(path))),
+            error_of(lambda: iter(experimental.ParquetIterDataset(str(tmp_path / "nope.parquet")))),
+            error_of(lambda: iter(experimental.ParquetIterDataset(str(_text(parquet_file, tmp_path)[0]))))]
   for error in errors:
     back = pickle.loads(pickle.dumps(error))
     assert type(back) is type(error) and str(back) == str(error)
