@@ -95,10 +95,12 @@ class RecordMemoryError(ConversionError, MemoryError):
     self.path, self.record_index, self.offset, self.length = path, record_index, offset, length
     self.compressed = compressed
     where = "" if offset is None else \
-        f" at {'byte offset (in the decompressed stream)' if compressed else 'byte offset'} {offset}"
+        f" at {'decompressed byte offset' if compressed else 'byte offset'} {offset}"
     size = "" if length is None else f" ({length:,} data bytes)"
+    # What happened, without advice (arrayrecord-verify gives its own).
+    self.what = f"{path}: record {record_index}{where}{size} did not fit in memory{_memory_limit()}"
     super().__init__(
-        f"{path}: record {record_index}{where}{size} did not fit in memory{_memory_limit()}. Give the run more "
+        f"{self.what}. Give the run more "
         "memory (raise `ulimit -v` or the container's or job's memory limit, or use fewer --workers) and run it "
         "again; a conversion wrote nothing for this file and keeps the shards already written (rerun it with "
         "--skip-existing).")

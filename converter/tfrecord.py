@@ -111,7 +111,7 @@ class _Decompressor:
     self._offset = 0           # Compressed offset of the next raw chunk.
     self._member_start = 0     # Compressed offset where the current member starts.
     self._member_output = 0    # Bytes the current member has decoded so far.
-    self._fault: _Damaged | None = None
+    self._fault: _Damaged | _Truncated | None = None
 
   def read_chunk(self) -> bytes:
     """Next decompressed bytes (about _CHUNK at most); b"" at the end.
@@ -131,6 +131,9 @@ class _Decompressor:
         # An empty file holds no records (as in TensorFlow); a started stream
         # must reach its end marker.
         if self._seen_input and not self._d.eof:
+          if rest:  # Whole records may end in it: returned first, the truncation raised at the next call.
+            self._fault = _Truncated()
+            return rest
           raise _Truncated()
         return rest
       self._seen_input = True

@@ -314,8 +314,10 @@ class DataLoader:
       if key == "data_source" and _is_grain_dataset_repr(self._data_source, text):
         continue
       if text not in mine:
-        raise ValueError(f"Grain DataLoader state is for another pipeline: {key} {state[key]!r} != "
-                         f"this DataLoader's {' or '.join(map(repr, sorted(mine)))}.")
+        # Grain's sentence first, as for loader's own states (see DataLoaderIterator.set_state).
+        raise ValueError(f"{_GRAIN_MISMATCH_WORDS[key]}Grain DataLoader state is for another pipeline: {key} "
+                         f"{state[key]!r} != this DataLoader's {' or '.join(map(repr, sorted(mine)))}; restore "
+                         "it into the DataLoader that saved it, or start a fresh iterator.")
     if not self._positions_translate():
       raise ValueError("Cannot resume a Grain DataLoader state in a pipeline with a FlatMap: Grain's positions "
                        "there do not map onto loader's.")

@@ -491,9 +491,10 @@ class ChunkComputer:
       return self._pool
 
   def close(self) -> None:
-    if self._pool is not None and self._pool_forks != _forks[0]:
-      # In a forked child the pool's threads are the parent's, and a lock one held at the fork stays held
-      # here: shutting it down (or taking our lock) waited for ever. There is nothing of ours to stop.
+    if self._pool_forks != _forks[0]:
+      # In a forked child the pool's threads are the parent's, and a lock one held at the fork (a pool
+      # being made, a split chunk) stays held here: shutting it down, or taking our lock, waited for ever.
+      # There is nothing of ours to stop.
       self._closed, self._pool = True, None
       return
     with self._lock:
@@ -539,11 +540,16 @@ class ThreadChunkProducer:
     return self._consume_lock
 
   def reset(self, start: int) -> None:
-    for _, _, fut in self._pending:
-      fut.cancel()
+    if not self._forked():  # A forked child's futures are the parent's: cancel() takes their locks.
+      for _, _, fut in self._pending:
+        fut.cancel()
     self._pending.clear()
     self._next_submit = start
     self._generation += 1
+
+  def _forked(self) -> bool:
+    """Whether this is a process forked after the background thread started (its pool is the parent's)."""
+    return self._pool is not None and self._pid != os.getpid()
 
   def _compute(self, generation: int, start: int, stop: int) -> tuple[list[Any], Exception | None, float]:
     if generation == self._failed_generation:
@@ -608,8 +614,8 @@ class ThreadChunkProducer:
 
   def close(self) -> None:
     self._closed = True
-    if self._pool is not None and self._pid != os.getpid():
-      # A forked child: the pool, its futures and their locks are the parent's (see ChunkComputer.close).
+    if self._forked():
+      # The pool, its futures and their locks are the parent's (see ChunkComputer.close).
       self._pending.clear()
       if self._finalizer is not None:
         self._finalizer.detach()

@@ -186,7 +186,8 @@ def run_reporting_errors(prog: str, run: Callable[[], Any], output_flag: str = "
     code = getattr(e, "exit_code", 2)
     return None, report(str(e).split(" [while running")[0], code)
   except Exception as e:  # pylint: disable=broad-except
-    if isinstance(e, BrokenPipeError) and getattr(sys.stdout, "reader_gone", False):
+    gone = getattr(sys.stdout, "reader_gone", None)
+    if gone is not None and gone in (e, e.__cause__, e.__context__):
       # Our own output's reader went away (`... | head -1`): the console script stops quietly (exit 141), as
       # after the summary; this was "Broken pipe (the storage server could not be reached ...)", exit 1.
       raise

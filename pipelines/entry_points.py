@@ -150,7 +150,9 @@ class _Stdout:
   def __init__(self, stream: Any):
     self._stream = stream
     self.error: OSError | None = None
-    self.reader_gone = False  # A BrokenPipeError was raised: cli.run_reporting_errors lets it through to run().
+    # The BrokenPipeError our own reader's going raised: cli.run_reporting_errors lets that one (and only that
+    # one: a storage upload's broken pipe is still reported) through to run().
+    self.reader_gone: BrokenPipeError | None = None
 
   def _lost(self, e: OSError) -> None:
     self.error = e
@@ -165,8 +167,8 @@ class _Stdout:
     if self.error is None:
       try:
         return self._stream.write(text)
-      except BrokenPipeError:
-        self.reader_gone = True
+      except BrokenPipeError as e:
+        self.reader_gone = e
         raise
       except OSError as e:
         self._lost(e)
@@ -176,8 +178,8 @@ class _Stdout:
     if self.error is None:
       try:
         self._stream.flush()
-      except BrokenPipeError:
-        self.reader_gone = True
+      except BrokenPipeError as e:
+        self.reader_gone = e
         raise
       except OSError as e:
         self._lost(e)

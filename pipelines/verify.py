@@ -23,7 +23,7 @@ if __name__ == "__main__":  # `python -m`: run as the console script (a missing 
 from converter import (ConversionError, RecordDigest, TFRecordReader, common_dir, expand_patterns,
                        output_path, read_manifest)
 from converter import writer as _writer
-from converter.errors import CorruptRecordError, escape_controls
+from converter.errors import CorruptRecordError, RecordMemoryError, escape_controls
 from converter.manifest import READ_BLOCK, ManifestError, array_record_digest, manifest_path
 from loader import ondisk
 from pipelines import cli
@@ -197,6 +197,10 @@ def check_shard(inp: str, out: str, expected: dict | None, compression: str,
     return c
   try:
     c.input_records, c.input_digest = tfrecord_digest(inp, compression, on_corrupt)
+  except RecordMemoryError as e:  # Not the shard's fault: say so, and what to give this check.
+    c.problem = (f"input {ondisk.one_line(e.what)}: this shard was not checked; give arrayrecord-verify more "
+                 "memory (raise `ulimit -v` or the container's memory limit) and run it again")
+    return c
   except CorruptRecordError as e:
     c.problem = ondisk.one_line(_corrupt_input(e, expected, on_corrupt))
     return c

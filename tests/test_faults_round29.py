@@ -230,6 +230,38 @@ def test_stdout_whose_reader_went_away_stops_quietly_and_blames_no_storage_serve
   assert not out.exists() and ft.temps(str(tmp_path)) == []
 
 
+
+def test_a_storage_broken_pipe_after_stdouts_reader_went_away_is_still_reported(monkeypatch, capsys):
+  # Only the BrokenPipeError our own stdout raised ends quietly: an upload's later "Broken pipe" (the
+  # progress thread having met the closed stdout first) keeps its one line and exit 1 (review of round 29).
+  from pipelines import cli  # pylint: disable=g-import-not-at-top
+  from pipelines.entry_points import _Stdout  # pylint: disable=g-import-not-at-top
+
+  class _Closed:
+    def write(self, text):
+      raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+      pass
+
+  stdout = _Stdout(_Closed())
+  with pytest.raises(BrokenPipeError):
+    stdout.write("progress line\n")
+  assert stdout.reader_gone is not None
+  monkeypatch.setattr(sys, "stdout", stdout)
+
+  def upload():
+    raise BrokenPipeError(32, "Broken pipe")
+
+  assert cli.run_reporting_errors("arrayrecord-convert", upload) == (None, 1)
+  assert "storage server could not be reached" in capsys.readouterr().err
+
+  def summary():
+    stdout.write("summary\n")
+
+  with pytest.raises(BrokenPipeError):  # Our own stdout's: through to the console script (exit 141).
+    cli.run_reporting_errors("arrayrecord-convert", summary)
+
 def test_progress_lines_into_a_pipe_whose_reader_went_away_print_no_traceback(tmp_path, monkeypatch):
   shard = progress.Shard(input=str(tmp_path / "a.tfrecord"), output=str(tmp_path / "out" / "a.array_record"),
                          size=1000)
@@ -282,3 +314,64 @@ def test_compressed_streams_ending_at_the_decoders_output_limit_read_whole(tmp_p
     path.write_bytes(gzip.compress(raw) * 2 if kind == "gzip" else zlib.compress(raw))
     expected = records * 2 if kind == "gzip" else records
     assert list(TFRecordReader(str(path), compression=kind)) == expected
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zlib"])
+def test_a_cut_compressed_stream_keeps_every_whole_record_zlib_decoded(tmp_path, kind):
+  # With the decoding capped per step, zlib can still hold up to one match's bytes when the input runs out; a
+  # cut stream dropped them with the truncation, and the whole record ending in them (review of round 29).
+  # 36,200 framed records of 116 bytes: 4.2 MB, just past one decoding step (4 MiB); one of the cuts below ends
+  # the input where that step stops inside a match.
+  records = [b"a" * 100] * 36_200
+  raw = open(ft.write_tfrecords(tmp_path / "raw.tfrecord", records), "rb").read()
+  packed = gzip.compress(raw) if kind == "gzip" else zlib.compress(raw)
+  lost = []
+  for cut in range(4, 49):
+    path = tmp_path / f"cut{cut}.tfrecord"
+    path.write_bytes(packed[:-cut])
+    d = zlib.decompressobj(31 if kind == "gzip" else 15)
+    decoded = d.decompress(packed[:-cut])
+    whole = 0
+    pos = 0
+    while pos + 12 <= len(decoded):  # Records zlib alone decodes whole from the cut stream.
+      n = struct.unpack_from("<Q", decoded, pos)[0]
+      if pos + 12 + n + 4 > len(decoded):
+        break
+      whole += 1
+      pos += 12 + n + 4
+    reader = TFRecordReader(str(path), compression=kind, on_corrupt="skip")
+    got = list(reader)
+    assert got == records[:len(got)]
+    if len(got) != whole:
+      lost.append((cut, whole, len(got)))
+  assert not lost, f"(cut, records zlib decodes whole, records read): {lost}"
+
+
+_VERIFY_OUT_OF_MEMORY = textwrap.dedent("""
+    import resource, sys
+    from pipelines import verify
+
+    inp, out = sys.argv[1], sys.argv[2]
+    vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), resource.RLIM_INFINITY))
+    c = verify.check_shard(inp, out, None, "auto")
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    print(c.problem)
+    """)
+
+
+def test_verify_out_of_memory_on_an_input_record_gives_verifys_advice_not_the_conversions(tmp_path):
+  # RecordMemoryError is a ConversionError: verify reported it as "unreadable input" with the conversion's
+  # advice (review of round 29). The shard is not at fault; the check needs more memory.
+  huge, out = str(tmp_path / "b.tfrecord"), tmp_path / "b.array_record"
+  offset = _tfrecord_with_a_huge_record(huge, b"first", 4 << 30)
+  with ArrayRecordShardWriter(str(out), "group_size:1") as w:
+    w.write(b"first")
+    w.commit()
+  r = subprocess.run([sys.executable, "-c", _VERIFY_OUT_OF_MEMORY, huge, str(out)], cwd=ft.REPO, env=ft.env(),
+                     capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  line = r.stdout.strip()
+  assert line.startswith(f"input {huge}: record 1 at byte offset {offset} (4,294,967,296 data bytes) did not fit "
+                         "in memory"), line
+  assert "give arrayrecord-verify more memory" in line and "--skip-existing" not in line, line

@@ -150,7 +150,11 @@ def test_close_in_a_forked_child_returns_and_the_parents_stream_goes_on(how):
     got = [int(next(it))]
 
     def child() -> str:
-      it.close()  # A forked helper tidying up what it was handed (or a library's at-fork cleanup).
+      # A forked helper tidying up what it was handed (or a library's at-fork cleanup); set_state cancelled
+      # the parent's futures, and a second close() took a lock a parent thread may hold (review of round 30).
+      it.set_state(it.get_state())
+      it.close()
+      it.close()
       return "closed"
 
     assert ft.in_fork(child, seconds=5) == "closed"

@@ -357,7 +357,9 @@ if given_states:
     try:
         iter(make("uniform mix")).set_state(given_states["select"])  # The same length and sampler.
     except ValueError as e:
-        results["other mixture"] = str(e).startswith("Grain DataLoader state is for another pipeline: data_source")
+        results["other mixture"] = str(e).startswith("DataSource in checkpoint does not match datasource in "
+                                                     "dataloader. Grain DataLoader state is for another pipeline: "
+                                                     "data_source")
 """
 
 
