@@ -77,6 +77,13 @@ _GRAIN_MISMATCH_WORDS = {"sampler": "Sampler in checkpoint does not match datalo
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
+def _another_pipeline(key: str, saved: Any, mine: str, whose: str = "DataLoader", why: str = "") -> str:
+    """The refusal of a state saved by another pipeline; Grain's sentence first (clients match it, e.g.
+    assertRaisesRegex on "DataSource in checkpoint")."""
+    return (f"{_GRAIN_MISMATCH_WORDS.get(key, '')}{whose} state is for another pipeline: {key} {saved!r} != this "
+            f"DataLoader's {mine}{why}; restore it into the DataLoader that saved it, or start a fresh iterator.")
+
+
 def _stable_repr(obj: Any) -> str:
   # Default reprs hold the object's address, which differs between runs and
   # would make every checkpoint foreign; the class name is what's compared.
@@ -314,10 +321,8 @@ class DataLoader:
       if key == "data_source" and _is_grain_dataset_repr(self._data_source, text):
         continue
       if text not in mine:
-        # Grain's sentence first, as for loader's own states (see DataLoaderIterator.set_state).
-        raise ValueError(f"{_GRAIN_MISMATCH_WORDS[key]}Grain DataLoader state is for another pipeline: {key} "
-                         f"{state[key]!r} != this DataLoader's {' or '.join(map(repr, sorted(mine)))}; restore "
-                         "it into the DataLoader that saved it, or start a fresh iterator.")
+        raise ValueError(_another_pipeline(key, state[key], " or ".join(map(repr, sorted(mine))),
+                                           whose="Grain DataLoader"))
     if not self._positions_translate():
       raise ValueError("Cannot resume a Grain DataLoader state in a pipeline with a FlatMap: Grain's positions "
                        "there do not map onto loader's.")
@@ -341,9 +346,13 @@ class DataLoader:
     try:
       listed = [seen[str(w)] for w in range(workers)]
     except (KeyError, TypeError):
-      raise ValueError(f"This DataLoader state's last_seen_indices {seen!r} do not list workers 0..{workers - 1} "
-                       f"as Grain's do for worker_count={grain_workers}.") from None
-    extra = [k for k in seen if k not in {str(w) for w in range(workers)}]
+      # Grain's own lookup raises the same KeyError / TypeError.
+      raise (state_lib.StateKeyError if isinstance(seen, dict) else state_lib.StateTypeError)(
+          f"This DataLoader state's last_seen_indices {seen!r} do not list workers 0..{workers - 1} as Grain's do "
+          f"for worker_count={grain_workers}: it was edited or damaged; restore another checkpoint, or start a "
+          "fresh iterator.") from None
+    listed_keys = {str(w) for w in range(workers)}
+    extra = [k for k in seen if k not in listed_keys]
     if extra and grain_workers != self._multiprocessing_options.num_workers:
       # Translated to another worker count, the entries past worker_count's were dropped and their records
       # handed out again (an edited worker_count); Grain refuses any other worker count.
@@ -375,7 +384,7 @@ class DataLoader:
           f"those of shard {shard_index} of {shard_count} with {grain_workers} workers; restore it into the "
           "DataLoader that saved it, or start a fresh iterator.")
     if any(n != max(0, -(-(k - w) // workers)) for w, n in enumerate(consumed)):
-      raise ValueError(
+      raise state_lib.StateMismatchError(
           f"Cannot resume this Grain state exactly: its {workers} workers had read {consumed} records each, "
           f"which is not the first {k} records of the stream (loader's stream does not depend on the worker "
           f"count). Restart from a loader checkpoint or from a Grain state taken with worker_count=0.")
@@ -589,11 +598,7 @@ class DataLoaderIterator(checkpoint_lib.OrbaxCheckpointable, collections.abc.Ite
                  and state_lib.without_content_hash(saved) == state_lib.without_content_hash(mine))
       why = (" (the same file names and record counts, but the files' content changed since the state was saved: "
              "regenerated or replaced?)" if changed else "")
-      # Grain's sentence first: clients match it (e.g. assertRaisesRegex on "DataSource in checkpoint").
-      grain_words = _GRAIN_MISMATCH_WORDS.get(key, "")
-      error = state_lib.StateMismatchError(
-          f"{grain_words}DataLoader state is for another pipeline: {key} {saved!r} != this DataLoader's "
-          f"{mine!r}{why}; restore it into the DataLoader that saved it, or start a fresh iterator.")
+      error = state_lib.StateMismatchError(_another_pipeline(key, saved, repr(mine), why=why))
       error.concerns_sources = key == "data_source" and not changed  # Else it says so itself.
       raise error
     if version != _V1_STATE_VERSION and "last_seen_indices" in state:

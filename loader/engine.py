@@ -532,11 +532,15 @@ class ThreadChunkProducer:
     self._consume_lock = threading.RLock()
     self._closed = False
 
+  def check_not_forked(self) -> None:
+    """Raises ForkedIteratorError in a process forked after the background thread started."""
+    if self._pool is not None:
+      check_same_process(self._pid)
+
   @property
   def consume_lock(self) -> threading.RLock:
     """Held by the consuming iterator while it takes a new chunk (see MapDatasetIterator.__next__)."""
-    if self._pool is not None:  # In a fork, a thread of the parent may have held it at the fork.
-      check_same_process(self._pid)
+    self.check_not_forked()  # First: in a fork, a thread of the parent may have held it at the fork.
     return self._consume_lock
 
   def reset(self, start: int) -> None:
@@ -584,8 +588,7 @@ class ThreadChunkProducer:
       self._next_submit = stop
 
   def next_chunk(self) -> Chunk | None:
-    if self._pool is not None:
-      check_same_process(self._pid)
+    self.check_not_forked()
     if self._closed:  # A thread that waited for the consume lock while another closed the iterator.
       raise ClosedWhileWaitingError("a chunk being computed")
     self.handed_over = False
@@ -744,7 +747,9 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
     On every next(), not only when a chunk runs out: the rest of a chunk the parent took came here too,
     and the child handed out elements the parent also hands out before it raised.
     """
-    getattr(self._producer, "consume_lock", None)  # The property checks the process once threads or workers run.
+    check = getattr(self._producer, "check_not_forked", None)  # Producers with threads or workers have one.
+    if check is not None:
+      check()
     self._forks_seen = _forks[0]
 
   def _refill(self) -> None:

@@ -1075,11 +1075,15 @@ class MultiprocessChunkProducer:
     self._one_by_one_until = 0  # Positions before it go one per chunk (after a chunk that did not unpickle).
     self._segments_lost = 0  # Results in a row whose segment another process removed (see next_chunk).
 
+  def check_not_forked(self) -> None:
+    """Raises engine.ForkedIteratorError in a process forked from the one whose workers these are."""
+    engine.check_same_process(self._pool.pid)
+
   @property
   def consume_lock(self) -> threading.RLock:
     """Held by the consuming iterator while it takes a new chunk (see engine.MapDatasetIterator.__next__)."""
     # First: in a fork, a thread of the parent may have held it at the fork, and would never let go.
-    engine.check_same_process(self._pool.pid)
+    self.check_not_forked()
     return self._pool.consume_lock
 
   def start(self) -> None:
@@ -1146,7 +1150,7 @@ class MultiprocessChunkProducer:
       self._chunks[c] = (start, stop, w)
 
   def next_chunk(self) -> engine.Chunk | None:
-    engine.check_same_process(self._pool.pid)
+    self.check_not_forked()
     with self._pool.consume_lock:  # One chunk at a time: next() from two threads waits here (see _WorkerPool).
       return self._next_chunk()
 
