@@ -43,6 +43,27 @@ def deadline(seconds, error=Hang):
 
 
 
+class ListSource:
+  """A random-access data source with a stable repr (Grain's DataLoader checks the source's repr).
+
+  A round subclasses it at module level (worker processes pickle it by name) with its own `make(kind, i)`.
+  """
+
+  make = None
+
+  def __init__(self, kind: str, n: int):
+    self.kind, self.n = kind, n
+
+  def __len__(self) -> int:
+    return self.n
+
+  def __getitem__(self, i):
+    return type(self).make(self.kind, int(i))
+
+  def __repr__(self) -> str:
+    return f"ListSource({self.kind!r}, {self.n})"
+
+
 def observe_both(observe, spec, grain_lib, seconds: float):
   """Grain's observation of `spec`, then loader's given Grain's states: (grain's, loader's, early result).
 

@@ -54,6 +54,7 @@ import grain.experimental  # pylint: disable=g-import-not-at-top,wrong-import-po
 import grain.python  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 import loader  # pylint: disable=g-import-not-at-top,wrong-import-position
 import loader.python  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
+import fuzz_elements
 from fuzz_elements import (Hang, adder as _adder, canon, deadline, element_hash as _hash,  # pylint: disable=unused-import
                            failer as _failer, keeper as _keeper, leafmap as _leafmap, quiet as _quiet,
                            random_add as _random_add)
@@ -92,20 +93,8 @@ KINDS = ["int", "int", "npi", "arr", "dict", "tuple", "vardict"]
 FIXED_KINDS = ["int", "npi", "dict", "vardict"]  # Batchable (equal shapes).
 
 
-class ListSource:
-  """A random-access data source with a stable repr (Grain's DataLoader checks the source's repr)."""
-
-  def __init__(self, kind, n):
-    self.kind, self.n = kind, n
-
-  def __len__(self):
-    return self.n
-
-  def __getitem__(self, i):
-    return make_element(self.kind, int(i))
-
-  def __repr__(self):
-    return f"ListSource({self.kind!r}, {self.n})"
+class ListSource(fuzz_elements.ListSource):
+  make = staticmethod(make_element)
 
 
 # ---------------------------------------------------------------------------

@@ -89,6 +89,7 @@ import grain.python  # pylint: disable=g-import-not-at-top,wrong-import-position
 from etils import epath  # pylint: disable=g-import-not-at-top,wrong-import-position
 import loader  # pylint: disable=g-import-not-at-top,wrong-import-position
 import loader.checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
+import fuzz_elements
 from fuzz_elements import (Hang, attempt, deadline, leafmap, matches, next_canon,  # pylint: disable=unused-import
                            observe_iteration, quiet as _quiet, same_outcome, same_stream, stream)
 
@@ -153,20 +154,8 @@ class AddIndex:
     return leafmap(lambda v: v + 1000 * i, x)
 
 
-class ListSource:
-  """A random-access data source with a stable repr (Grain's DataLoader checks the source's repr)."""
-
-  def __init__(self, kind: str, n: int):
-    self.kind, self.n = kind, n
-
-  def __len__(self) -> int:
-    return self.n
-
-  def __getitem__(self, i):
-    return make_element(self.kind, int(i))
-
-  def __repr__(self) -> str:
-    return f"ListSource({self.kind!r}, {self.n})"
+class ListSource(fuzz_elements.ListSource):
+  make = staticmethod(make_element)
 
 
 # ---------------------------------------------------------------------------
