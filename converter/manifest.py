@@ -20,6 +20,7 @@ import xxhash
 
 from converter import writer as _writer
 from loader import ondisk
+from loader import reader_threads
 from loader.ondisk import (INCOMPLETE, MANIFEST_FORMAT, MANIFEST_NAME, IncompleteManifestError,
                            ManifestError, manifest_path)
 
@@ -97,7 +98,6 @@ def array_record_digest(path: str) -> tuple[int, str]:
 
   gs:// files are copied to a local temp file first.
   """
-  from array_record.python.array_record_module import ArrayRecordReader
   local, tmp = path, None
   try:
     if not _writer.is_local(path):
@@ -105,7 +105,7 @@ def array_record_digest(path: str) -> tuple[int, str]:
       local = tmp = _writer.staging_file()
       with open(tmp, "wb") as dst, FileSystems.open(path) as src:
         shutil.copyfileobj(src, dst, 16 << 20)
-    reader = ArrayRecordReader(local, "readahead_buffer_size:0")
+    reader = reader_threads.reader_class(path)(local, "readahead_buffer_size:0")
     try:
       n = reader.num_records()
       digest = RecordDigest()
@@ -121,8 +121,7 @@ def array_record_digest(path: str) -> tuple[int, str]:
 
 def array_record_count(path: str) -> int:
   """Records in a local ArrayRecord file, from its footer (no record is read)."""
-  from array_record.python.array_record_module import ArrayRecordReader
-  reader = ArrayRecordReader(path, "readahead_buffer_size:0")
+  reader = reader_threads.reader_class(path)(path, "readahead_buffer_size:0")
   try:
     return reader.num_records()
   finally:

@@ -23,6 +23,7 @@ from converter.naming import common_dir, output_path, split_uri
 from converter.options import ConvertOptions
 from converter.tfrecord import TFRecordReader, check_regular_file
 from loader import ondisk
+from loader import reader_threads
 
 
 # Beam's glob-to-regex leaves a `[[]` (an escaped '[', as the advice below writes it) for re to read, and re then
@@ -318,8 +319,8 @@ class ShardPlan:
 
 
 def _complete_local_array_record(path: str) -> bool:
+  ArrayRecordReader = reader_threads.reader_class(path)  # pylint: disable=invalid-name
   try:
-    from array_record.python.array_record_module import ArrayRecordReader
     r = ArrayRecordReader(path)
     r.num_records()
     r.close()
@@ -505,8 +506,8 @@ def _first_records_differ(path: str, output: str, compression: str) -> bool:
   """
   if not (_writer.is_local(path) and _writer.is_local(output)):
     return False
+  ArrayRecordReader = reader_threads.reader_class(output)  # pylint: disable=invalid-name
   try:
-    from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
     first_in = next(iter(TFRecordReader(path, compression=compression)), None)
     reader = ArrayRecordReader(output)
     try:

@@ -32,6 +32,7 @@ import numpy as np
 
 from loader import checks
 from loader import ondisk
+from loader import reader_threads
 from loader.ondisk import MANIFEST_NAME
 
 T = TypeVar("T")
@@ -153,18 +154,6 @@ def _describe_change(before: tuple | None, after: tuple | None) -> str:
   if before[3] != after[3] and not changes:
     changes.append("it was rewritten (modification time changed)")
   return ", ".join(changes) or "its metadata changed"
-
-
-def _reader_class():
-  # Imported on first use so `import loader` stays cheap for tools that only
-  # build pipelines (and so a missing wheel gives an actionable message).
-  try:
-    from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError(
-        "ArrayRecordSource needs the array_record package: pip install array-record"
-    ) from e
-  return ArrayRecordReader
 
 
 def _describe_non_array_record(path: str) -> str:
@@ -295,7 +284,7 @@ def _tilde_hint(path: str) -> str:
 
 
 def _open_reader(path: str, options: str):
-  reader_cls = _reader_class()
+  reader_cls = reader_threads.reader_class(path)
   _check_file(path)
   try:
     reader = reader_cls(path, options)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from converter import ConvertOptions, ConversionError
 from converter.errors import Interrupted, escape_controls, root_cause_line
 from converter.tfrecord import COMPRESSIONS
+from loader import reader_threads
 
 if TYPE_CHECKING:  # The dataflow package imports this module before it can say Beam is missing.
   from apache_beam.options.pipeline_options import PipelineOptions
@@ -122,7 +123,7 @@ def fail(prog: str, message: str, code: int = 2) -> int:
   return code
 
 
-_WORKER_ERROR = re.compile(r"^converter\.errors\.\w+: (.+)$", re.M)
+_WORKER_ERROR = re.compile(r"^(?:converter\.errors|loader\.reader_threads)\.\w+: (.+)$", re.M)
 
 
 def user_error_from(exc: BaseException) -> str | None:
@@ -185,6 +186,8 @@ def run_reporting_errors(prog: str, run: Callable[[], Any], output_flag: str = "
     # Found while converting (corrupt record, disk full): a failed run (1), not a usage error (2).
     code = getattr(e, "exit_code", 2)
     return None, report(str(e).split(" [while running")[0], code)
+  except reader_threads.ReaderThreadsError as e:  # This process's limits: a failed run, not a usage error.
+    return None, report(str(e), 1)
   except Exception as e:  # pylint: disable=broad-except
     gone = getattr(sys.stdout, "reader_gone", None)
     if gone is not None and gone in (e, e.__cause__, e.__context__):

@@ -43,6 +43,7 @@ from converter import (MANIFEST_NAME, ConversionError, ConvertOptions, OutputExi
 from converter import writer as _writer
 from converter.naming import output_path
 from loader import ondisk
+from loader import reader_threads
 from loader import tfds as _layout
 from converter.guard import ConversionGuard
 from pipelines import build, cli, convert, local_run, progress, verify, workers
@@ -273,8 +274,7 @@ def _check_metadata_to_keep(plan: TfdsPlan) -> None:
 def _count_records(path: str) -> int | None:
   if not _writer.is_local(path):
     return None
-  from array_record.python.array_record_module import ArrayRecordReader
-  r = ArrayRecordReader(path)
+  r = reader_threads.reader_class(path)(path)
   try:
     return r.num_records()
   finally:

@@ -26,6 +26,7 @@ from converter import writer as _writer
 from converter.errors import CorruptRecordError, RecordMemoryError, escape_controls
 from converter.manifest import READ_BLOCK, ManifestError, array_record_digest, manifest_path
 from loader import ondisk
+from loader import reader_threads
 from pipelines import cli
 
 PROG = "arrayrecord-verify"
@@ -98,7 +99,7 @@ def _first_unreadable_record(path: str) -> tuple[int, int] | None:
   """
   if not ondisk.is_local(path):
     return None
-  from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
+  ArrayRecordReader = reader_threads.reader_class(path)  # pylint: disable=invalid-name
   try:
     reader = ArrayRecordReader(path, "readahead_buffer_size:0")
   except (OSError, RuntimeError, ValueError):
@@ -141,7 +142,7 @@ def _first_difference(inp: str, out: str, compression: str, on_corrupt: str) -> 
   """
   if not ondisk.is_local(out):
     return None
-  from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
+  ArrayRecordReader = reader_threads.reader_class(out)  # pylint: disable=invalid-name
   try:
     records = iter(TFRecordReader(inp, compression=compression, on_corrupt=on_corrupt))
     reader = ArrayRecordReader(out, "readahead_buffer_size:0")
@@ -396,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return e.code
   except (ConversionError, ValueError) as e:
     return cli.fail(PROG, str(e))
+  except reader_threads.ReaderThreadsError as e:  # This process's limits, not the data: nothing was checked.
+    return cli.fail(PROG, str(e), code=1)
   bad = [c for c in checks if not c.ok]
   for c in checks:
     status = "OK  " if c.ok else "FAIL"

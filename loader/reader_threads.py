@@ -1,0 +1,121 @@
+"""array_record's reading threads, fitted into this process's address-space limit before they start.
+
+The first ArrayRecordReader a process opens starts array_record's process-wide
+pool of 64 threads (ArrayRecordGlobalPool; its size is a C++ flag that Python
+cannot set). Under an address-space limit (`ulimit -v`, RLIMIT_AS) a thread
+whose stack, or the malloc arena it then creates, does not fit cannot start,
+and array_record waits for it for ever: no error, no exit. `reader_class()`
+checks the room first: it caps glibc's malloc arenas at what fits beside the
+threads' stacks (arenas beyond the cap are shared, never a failure), and where
+even the stacks do not fit raises `ReaderThreadsError` in one line saying what
+limit to set. Without a limit it changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import Any
+
+POOL_THREADS = 64  # array_record's array_record_global_pool_size default.
+# A new arena reserves twice glibc's HEAP_MAX_SIZE (64 MiB on 64-bit) to align it, then trims it.
+_ARENA_RESERVE = 128 << 20
+_MARGIN = 64 << 20  # Eigen's queues, thread-local data, the reader's own buffers.
+_M_ARENA_MAX = -8  # mallopt's parameter number (glibc's malloc.h).
+
+_checked_pid: int | None = None
+
+
+class ReaderThreadsError(MemoryError):
+  """array_record's reading threads cannot start under this process's address-space limit."""
+
+
+def reader_class(path: str = "") -> Any:
+  """array_record's ArrayRecordReader, once its threads are known to fit (see the module docstring)."""
+  try:
+    from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    if "failed to map segment" in str(e) or "cannot allocate memory" in str(e).lower():
+      # The library itself did not fit: not a missing package.
+      raise ReaderThreadsError(
+          f"{path + ': ' if path else ''}array_record cannot be loaded: {e} (this process may use at most "
+          f"{_limit() >> 10:,} KiB of address space: `ulimit -v`); raise `ulimit -v`, e.g. "
+          "`ulimit -v unlimited`, and run it again.") from None
+    raise ImportError("reading ArrayRecord files needs the array_record package: pip install array-record") from e
+  fit_reader_threads(path)
+  return ArrayRecordReader
+
+
+def _limit() -> int:
+  return resource.getrlimit(resource.RLIMIT_AS)[0]
+
+
+def _address_space_in_use() -> int | None:
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("VmSize:"):
+          return int(line.split()[1]) << 10
+  except (OSError, ValueError):
+    pass
+  return None
+
+
+def _libc() -> Any:
+  """glibc, or None (musl, macOS: no mallopt arenas to cap)."""
+  try:
+    import ctypes  # pylint: disable=g-import-not-at-top
+    libc = ctypes.CDLL(None)
+    libc.gnu_get_libc_version  # pylint: disable=pointless-statement
+    return libc
+  except (OSError, AttributeError, ImportError):
+    return None
+
+
+def _thread_stack_bytes(libc: Any) -> int:
+  """The stack a new thread gets (pthread's default: RLIMIT_STACK when the process started)."""
+  if libc is not None:
+    import ctypes  # pylint: disable=g-import-not-at-top
+    attr, size = ctypes.create_string_buffer(256), ctypes.c_size_t()
+    if libc.pthread_getattr_default_np(attr) == 0 and libc.pthread_attr_getstacksize(attr, ctypes.byref(size)) == 0:
+      libc.pthread_attr_destroy(attr)
+      return size.value
+  soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+  return soft if soft != resource.RLIM_INFINITY else 8 << 20
+
+
+def _arena_cap() -> int:
+  """glibc's cap on malloc arenas: the user's (MALLOC_ARENA_MAX, GLIBC_TUNABLES), else 8 per core."""
+  tunables = dict(t.partition("=")[::2] for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if "=" in t)
+  for value in (tunables.get("glibc.malloc.arena_max"), os.environ.get("MALLOC_ARENA_MAX")):
+    try:
+      if value and int(value) > 0:
+        return int(value)
+    except ValueError:
+      pass
+  return 8 * (os.cpu_count() or 1)
+
+
+def fit_reader_threads(path: str = "") -> None:
+  """Makes room for array_record's reading threads under `ulimit -v`, or raises ReaderThreadsError; once per process."""
+  global _checked_pid
+  if _checked_pid == os.getpid():
+    return
+  limit = _limit()
+  used = _address_space_in_use() if limit != resource.RLIM_INFINITY else None
+  if used is not None:
+    libc = _libc()
+    stacks = POOL_THREADS * (_thread_stack_bytes(libc) + resource.getpagesize())
+    room = limit - used - stacks - _MARGIN
+    if room < 0:
+      need = used + stacks + _MARGIN
+      raise ReaderThreadsError(
+          f"{path + ': ' if path else ''}cannot open an ArrayRecord file under this process's address-space limit "
+          f"(`ulimit -v` {limit >> 10:,} KiB, {used >> 20:,} MiB of it in use): array_record starts {POOL_THREADS} "
+          f"reading threads ({stacks >> 20:,} MiB of stacks) and would wait for ever for those that do not fit. "
+          f"Raise `ulimit -v` to at least {need >> 10:,} KiB (or `ulimit -v unlimited`), or start Python under a "
+          "smaller `ulimit -s` (each thread's stack).")
+    arenas = 1 + room // _ARENA_RESERVE  # The main arena and the new ones that fit.
+    if libc is not None and arenas < _arena_cap():
+      libc.mallopt(_M_ARENA_MAX, int(arenas))
+  _checked_pid = os.getpid()

@@ -1,0 +1,139 @@
+"""Round 31 of the fault audit: opening ArrayRecord files under an address-space limit (`ulimit -v`).
+
+Found by the 2026-12-07 audit, each case run for real before the fix:
+
+- array_record starts a process-wide pool of 64 threads when a process opens its first ArrayRecord file for
+  reading (ArrayRecordGlobalPool, on every ArrayRecordReader). Each thread needs its stack (8 MiB under the usual
+  `ulimit -s`) and, once it allocates, a malloc arena (glibc reserves up to 128 MiB for one, up to 8 per core).
+  Where a thread does not fit under RLIMIT_AS, array_record waits for it for ever: no error, no exit, and SIGTERM
+  not acted on (the main thread waits in C++). A training script reading with the loader hung under `ulimit -v`
+  with 700, 900 and even 1,200 MiB to spare (all killed after 30 s); `arrayrecord-verify` hung under
+  `ulimit -v 800000` and 1,200,000 (the "left alone" of round 29); `arrayrecord-convert --skip-existing`, which
+  reads the outputs it keeps, hung under `ulimit -v 1000000`.
+- Under a limit too small to load array_record at all, the loader said "ArrayRecordSource needs the array_record
+  package: pip install array-record" (an installed package), and verify printed an ImportError traceback. It
+  now raises ReaderThreadsError saying array_record cannot be loaded under `ulimit -v` (seen by hand: with
+  20 MiB to spare the same script also meets glibc's own abort or Python's "can't start new thread", depending
+  on which allocation fails first, so no test pins it).
+
+loader.reader_threads now checks the room before the first reader of a process opens: it caps glibc's malloc
+arenas at what fits beside the threads' stacks (arenas past the cap are shared, never a failure; a cap the user
+set is never raised), so the same script now reads with 900 MiB to spare; where even the stacks do not fit it
+raises ReaderThreadsError (a MemoryError) in one line naming the file, the limit, the memory in use and the limit
+to set. The CLIs print that line (exit 1), and nothing is changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import faults_testing as ft
+import loader_testing
+from loader import reader_threads
+
+pytestmark = pytest.mark.timeout(300)
+
+# Runs a console script in-process once its modules are imported, with `room` MiB of address space beyond what
+# the process uses then: a limit relative to the process, so that it means the same on any machine.
+_CLI_WITH_ROOM = textwrap.dedent("""
+    import importlib, resource, sys
+    from pipelines import entry_points
+    script, room, argv = sys.argv[1], int(sys.argv[2]) << 20, sys.argv[3:]
+    importlib.import_module(entry_points.SCRIPTS[script][0])
+    used = next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (used + room, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    sys.exit(entry_points.run(script, argv))
+""")
+
+# A training script's read: a global shuffle of every record, batched, in process.
+_READ_WITH_ROOM = textwrap.dedent("""
+    import json, resource, sys
+    import loader
+    paths, room = sys.argv[1:-1], int(sys.argv[-1]) << 20
+    used = next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (used + room, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    try:
+      ds = loader.MapDataset.source(loader.sources.ArrayRecordDataSource(paths)).shuffle(seed=0).batch(100)
+      print(json.dumps({"records": sum(len(b) for b in ds.to_iter_dataset())}))
+    except MemoryError as e:
+      print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+""")
+
+
+def _run(source: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+  try:
+    return subprocess.run([sys.executable, "-c", source, *args], cwd=ft.REPO, env=ft.env(), capture_output=True,
+                          text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    pytest.fail(f"hung: no answer in {timeout} s (array_record waiting for reading threads that cannot start?)")
+
+
+def _stack_mib() -> int:
+  return reader_threads.POOL_THREADS * reader_threads._thread_stack_bytes(reader_threads._libc()) >> 20  # pylint: disable=protected-access
+
+
+def test_the_loader_reads_under_a_tight_address_space_limit_or_says_what_limit_to_set(tmp_path):
+  paths = loader_testing.write_array_records(tmp_path, 2, 1000)
+  stacks = _stack_mib()
+  outcomes = {}
+  # Too little for the threads' stacks; stacks and a margin; more. Each hung before (all three here, 2 cores).
+  for room in (stacks // 2, stacks + 400, stacks + 700):
+    r = _run(_READ_WITH_ROOM, *paths, str(room))
+    assert r.returncode == 0, r.stderr
+    outcomes[room] = json.loads(r.stdout.strip().splitlines()[-1])
+  refused = outcomes[stacks // 2]
+  assert refused["error"] == "ReaderThreadsError", refused
+  message = refused["message"]
+  assert "\n" not in message and message.startswith(f"{paths[0]}: cannot open an ArrayRecord file"), message
+  assert "`ulimit -v`" in message and "Raise `ulimit -v` to at least" in message and "KiB" in message, message
+  # Where the stacks fit, it reads (arenas capped to what fits), or, on a machine whose threads took more
+  # before the first file opened, says so in the same line: never a hang.
+  assert outcomes[stacks + 700] == {"records": 2000}, outcomes
+  assert outcomes[stacks + 400] == {"records": 2000} or outcomes[stacks + 400]["error"] == "ReaderThreadsError"
+
+
+def _converted(tmp_path) -> tuple[str, str]:
+  inp, out = tmp_path / "in", tmp_path / "out"
+  inp.mkdir()
+  ft.make_dataset(str(inp), shards=2, records=50, size=100)
+  r = ft.run_cli("pipelines.convert", "--input", str(inp / "*"), "--output", str(out), "--quiet", "--workers", "1")
+  assert r.returncode == 0, r.stderr
+  return str(inp), str(out)
+
+
+def test_verify_and_a_resumed_convert_under_a_tight_limit_say_so_in_one_line_and_change_nothing(tmp_path):
+  inp, out = _converted(tmp_path)
+  before = {name: open(os.path.join(out, name), "rb").read() for name in sorted(os.listdir(out))}
+  shard = os.path.join(out, ft.out_name("ds.tfrecord-00000-of-00002"))
+  room = str(_stack_mib() // 2)
+  for script, args in (("arrayrecord-verify", ["--input", os.path.join(inp, "*"), "--output", out]),
+                       ("arrayrecord-convert", ["--input", os.path.join(inp, "*"), "--output", out, "--quiet",
+                                                "--workers", "1", "--skip-existing"])):
+    r = _run(_CLI_WITH_ROOM, script, room, *args)
+    assert r.returncode == 1, (script, r.stdout, r.stderr)
+    line = ft.one_line(r.stderr)
+    assert line.startswith(f"{script}: error: ") and "cannot open an ArrayRecord file" in line, line
+    assert "Raise `ulimit -v` to at least" in line and shard in line.replace(out + "/", out + os.sep), line
+    assert {name: open(os.path.join(out, name), "rb").read() for name in sorted(os.listdir(out))} == before
+    assert ft.temps(str(tmp_path)) == []
+  # With the limit the line names, both work.
+  r = _run(_CLI_WITH_ROOM, "arrayrecord-verify", str(_stack_mib() + 700),
+           "--input", os.path.join(inp, "*"), "--output", out)
+  assert r.returncode == 0 and "2/2 shard(s) match" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_a_cap_on_malloc_arenas_the_user_set_is_kept(monkeypatch):
+  monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+  monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+  assert reader_threads._arena_cap() == 2  # pylint: disable=protected-access
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.check=0:glibc.malloc.arena_max=3")
+  assert reader_threads._arena_cap() == 3  # pylint: disable=protected-access
+  monkeypatch.delenv("MALLOC_ARENA_MAX")
+  monkeypatch.delenv("GLIBC_TUNABLES")
+  assert reader_threads._arena_cap() == 8 * (os.cpu_count() or 1)  # pylint: disable=protected-access
