@@ -65,15 +65,20 @@ def write_digested(records: Iterable[bytes], write: Callable[[bytes], Any],
                    digest: RecordDigest) -> None:
   """Writes every record, in order, and adds each to the digest.
 
+  A record the writer cannot take (MemoryError) gets `record_at`: its index, size and, from a reader that
+  can say (TFRecordReader.position / place), its offset in the input.
+
   A batch is written and then hashed: alternating per record costs ~10% more
   CPU, because zstd's tables and the bytes being hashed (and the reader's
   buffer) keep evicting each other from the cache; in batches the whole copy
   is slightly cheaper than a bare read-and-write loop (bench/convert.py).
   """
   it = iter(records)
+  position = getattr(records, "position", None)
   while True:
     # Capped in bytes too: 256 records of 30 MB each (video clips, say) were all held at once, so memory grew
     # with a shard's big records rather than with its biggest one.
+    before = position() if position is not None else None
     batch, size = [], 0
     append = batch.append
     for record in islice(it, _WRITE_BATCH):
@@ -88,7 +93,12 @@ def write_digested(records: Iterable[bytes], write: Callable[[bytes], Any],
         write(record)
     except MemoryError as e:
       # Which record the writer could not take (by identity: equal records may come before it).
-      e.record_at = (digest.records + next(i for i, r in enumerate(batch) if r is record), len(record))
+      i = next(i for i, r in enumerate(batch) if r is record)
+      if before is None:  # A reader that cannot say where: the index among the records written.
+        e.record_at = (digest.records + i, len(record), None, False)
+      else:
+        index, offset, compressed = records.place(before, batch, i)
+        e.record_at = (index, len(record), offset, compressed)
       raise
     digest.update_many(batch)
 

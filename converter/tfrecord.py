@@ -13,7 +13,7 @@ import shlex
 import stat
 import struct
 import zlib
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, Sequence
 
 import crc32c as _crc32c
 import numpy as np
@@ -241,6 +241,10 @@ class TFRecordReader:
       raise ValueError(f"on_corrupt must be 'fail' or 'skip', got {on_corrupt!r}.")
     self.on_corrupt = on_corrupt
     self.stats = ReadStats()
+    # Stream offset just past the last record handed out (see position()).
+    self._next_offset = 0
+    # (index, offset) of each record handed out right after a skipped one, by its count among those handed out.
+    self._after_skip: dict[int, tuple[int, int]] = {}
     self._opener = opener
     self.detected_compression: str | None = None
     self._opened: os.stat_result | None = None  # The local file as opened (see change()).
@@ -308,6 +312,20 @@ class TFRecordReader:
         raise
       raise InputError(self.path, problem, "check that it exists and is readable") from e
 
+  def position(self) -> tuple[int, int, int]:
+    """(records handed out, the index and stream offset the next one has unless a damaged stretch comes first)."""
+    return self.stats.records, self.stats.records + self.stats.skipped, self._next_offset
+
+  def place(self, before: tuple[int, int, int], batch: Sequence[bytes], i: int) -> tuple[int, int, bool]:
+    """(input index, stream offset, whether offsets count decompressed bytes) of batch[i]: records handed out
+    in a row after `before` (a position())."""
+    handed, index, offset = before
+    for j in range(i + 1):
+      index, offset = self._after_skip.get(handed + j, (index, offset))
+      if j < i:
+        index, offset = index + 1, offset + 16 + len(batch[j])  # Length, its checksum, data, its checksum.
+    return index, offset, self.detected_compression not in (None, "none")
+
   @property
   def opened_size(self) -> int | None:
     """The local file's size when it was opened (None before, or for a URI)."""
@@ -361,6 +379,9 @@ class TFRecordReader:
     base = 0         # Stream offset of buf[0].
     self._stream_truncated = False
     self._stream_damage: _Damaged | None = None
+    self._next_offset = 0
+    self._after_skip = {}
+    skipped = 0  # stats.skipped when the last record was handed out.
     eof = False
     stats = self.stats
     header_unpack = _HEADER.unpack_from
@@ -418,9 +439,13 @@ class TFRecordReader:
           # records after it): the next whole record is searched for instead.
           buf, pos, base, eof = self._resync(buf, pos, base, chunks, eof, after="data")
           continue
+        if stats.skipped != skipped:
+          skipped = stats.skipped
+          self._after_skip[stats.records] = (stats.records + skipped, base + pos)
         stats.records += 1
         stats.bytes_records += length
         pos = end
+        self._next_offset = base + end
         yield data
     except MemoryError:
       # A bare "MemoryError" named neither the file nor the record; the record is the one at buf[pos:].

@@ -125,8 +125,8 @@ class _ConvertShardFn(beam.DoFn):
       raise
     except MemoryError as e:
       # The writer's (the reader's own names the record's offset): one line naming the file, not a bare MemoryError.
-      index, length = getattr(e, "record_at", (reader.stats.records, None))
-      raise RecordMemoryError(plan.input, index, None, length) from None
+      index, length, offset, compressed = getattr(e, "record_at", (reader.stats.records, None, None, False))
+      raise RecordMemoryError(plan.input, index, offset, length, compressed=compressed) from None
     except CorruptRecordError as e:
       _check_unchanged(reader)  # A file rewritten under the reader looks damaged; say what happened.
       if opts.on_corrupt == "fail":

@@ -43,9 +43,13 @@ a zero-byte file at an output name and a cut one with --skip-existing (the first
 file; the cut one, with no manifest, converted again); a 4 GiB record under `ulimit -v` 2 GiB with --workers 2
 (the worker's error reaches the user as the same one line, the other shard kept).
 
+Found later the same day (round 31): the writer's out-of-memory under --on-corrupt skip named the record by its
+index among the records written, with no offset; it now names the input's index and byte offset
+(TFRecordReader.position / place).
+
 Left alone: `arrayrecord-verify` under `ulimit -v 1000000` over a 120 MB record waited until `timeout` stopped
-it (array_record's reader under a tight memory limit, as the loader's round 29 found); with less memory it
-reports the record as above ("unreadable input: ...").
+it (array_record's reader under a tight memory limit, as the loader's round 29 found; fixed in round 31: its
+reading threads did not fit); with less memory it reports the record as above ("unreadable input: ...").
 """
 
 from __future__ import annotations
@@ -124,6 +128,8 @@ _WRITER_OUT_OF_MEMORY = textwrap.dedent("""
     inp, out = sys.argv[1], sys.argv[2]
     real = manifest.write_digested
 
+    on_corrupt = sys.argv[3] if len(sys.argv) > 3 else "fail"
+
     def limited(records, write, digest):
       def write_limited(record):
         if len(record) > 1 << 20:  # The real writer, with too little memory left for this record.
@@ -133,7 +139,7 @@ _WRITER_OUT_OF_MEMORY = textwrap.dedent("""
       real(records, write_limited, digest)
 
     transforms._manifest.write_digested = limited
-    options = ConvertOptions(output_dir=out)
+    options = ConvertOptions(output_dir=out, on_corrupt=on_corrupt)
     [plan] = plan_shards([inp], options)
     try:
       list(transforms._ConvertShardFn(options).process(plan))
@@ -151,10 +157,49 @@ def test_the_writers_out_of_memory_names_the_file_and_record(tmp_path):
   r = subprocess.run([sys.executable, "-c", _WRITER_OUT_OF_MEMORY, inp, str(out)], cwd=ft.REPO, env=ft.env(),
                      capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, r.stderr
-  assert r.stdout.startswith(f"RecordMemoryError {inp}: record 2 (209,715,200 data bytes) did not fit in memory"), (
-      r.stdout + r.stderr)
+  assert r.stdout.startswith(f"RecordMemoryError {inp}: record 2 at byte offset 1037 (209,715,200 data bytes) did "
+                              "not fit in memory"), r.stdout + r.stderr
   assert "--skip-existing" in r.stdout
   assert ft.temps(str(tmp_path)) == [] and not os.path.exists(out / "v.array_record")
+
+
+def test_the_writers_out_of_memory_names_the_input_record_after_skipped_ones(tmp_path):
+  """With --on-corrupt skip the writer's record index was its index among the records written (2 for input
+  record 3 after one skipped), and no offset was given: now the input's index and byte offset."""
+  inp = str(tmp_path / "in" / "v.tfrecord")
+  ft.write_tfrecords(inp, [b"small", os.urandom(1000), b"x" * 50, os.urandom(200 << 20), b"after"])
+  with open(inp, "r+b") as f:  # Damage record 1's data: skipped whole.
+    f.seek(21 + 12 + 500)
+    f.write(b"\xff")
+  out = tmp_path / "out"
+  out.mkdir()
+  r = subprocess.run([sys.executable, "-c", _WRITER_OUT_OF_MEMORY, inp, str(out), "skip"], cwd=ft.REPO,
+                     env=ft.env(), capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.startswith(f"RecordMemoryError {inp}: record 3 at byte offset {21 + 1016 + 66} (209,715,200 data "
+                             "bytes) did not fit in memory"), r.stdout + r.stderr
+  assert ft.temps(str(tmp_path)) == [] and not os.path.exists(out / "v.array_record")
+
+
+@pytest.mark.parametrize("damaged", ["data", "header", "two"])
+def test_the_reader_places_each_record_it_hands_out_after_skipped_stretches(tmp_path, damaged):
+  """The index and offset write_digested names a record by (TFRecordReader.position / place), for every record
+  of a batch, with damaged records skipped inside it."""
+  records = [b"r%d" % i * (i + 1) for i in range(12)]
+  path = ft.write_tfrecords(tmp_path / "v.tfrecord", records)
+  offsets = [sum(16 + len(r) for r in records[:i]) for i in range(len(records))]
+  bad = {"data": [3], "header": [3], "two": [3, 7]}[damaged]
+  with open(path, "r+b") as f:
+    for i in bad:
+      f.seek(offsets[i] + (12 if damaged != "header" else 2))
+      f.write(b"\xff")
+  reader = TFRecordReader(path, on_corrupt="skip")
+  it = iter(reader)
+  before = reader.position()
+  batch = [next(it) for _ in range(len(records) - len(bad))]
+  kept = [i for i in range(len(records)) if i not in bad]
+  assert batch == [records[i] for i in kept]
+  assert [reader.place(before, batch, j)[:2] for j in range(len(batch))] == [(i, offsets[i]) for i in kept]
 
 
 def test_a_shard_of_big_records_is_not_held_whole_in_memory(tmp_path, ar_read):
