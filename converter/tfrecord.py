@@ -408,10 +408,13 @@ class TFRecordReader:
           continue
         end = pos + 12 + length + 4
         if end > len(buf):
-          if not eof:
+          # A plain local file's size says at once whether the record is cut: a damaged length
+          # (checksum passed by chance, or written so) would otherwise be read to the file's end.
+          size = self._opened.st_size if self._opened is not None and self.detected_compression == "none" else None
+          if not eof and (size is None or base + end <= size):
             buf, pos, base, eof = self._refill(chunks, buf, pos, base, need=end - pos)
             continue
-          present = min(len(buf) - pos - 12, length)
+          present = min((base + len(buf) if size is None else size) - base - pos - 12, length)
           reason = self._cut_reason(
               f"the file ends inside the record (header says {length} data bytes, {present} "
               "present, plus a 4-byte checksum; the file is truncated)")

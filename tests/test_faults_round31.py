@@ -21,6 +21,10 @@ arenas at what fits beside the threads' stacks (arenas past the cap are shared, 
 set is never raised), so the same script now reads with 900 MiB to spare; where even the stacks do not fit it
 raises ReaderThreadsError (a MemoryError) in one line naming the file, the limit, the memory in use and the limit
 to set. The CLIs print that line (exit 1), and nothing is changed.
+
+Also in this round: a TFRecord header whose length (its checksum valid) runs past a plain file's end was read
+to the file's end before the record was called cut (300 MB of tail: 768 MB of memory; a tail bigger than
+memory: "did not fit in memory" instead of "truncated"). The file's size now says so at once.
 """
 
 from __future__ import annotations
@@ -137,3 +141,35 @@ def test_a_cap_on_malloc_arenas_the_user_set_is_kept(monkeypatch):
   monkeypatch.delenv("MALLOC_ARENA_MAX")
   monkeypatch.delenv("GLIBC_TUNABLES")
   assert reader_threads._arena_cap() == 8 * (os.cpu_count() or 1)  # pylint: disable=protected-access
+
+
+def _bytes_read() -> int:
+  """Bytes this process has read (read(2) and the like), from /proc/self/io."""
+  with open("/proc/self/io", encoding="ascii") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+@pytest.mark.parametrize("on_corrupt", ["fail", "skip"])
+def test_a_length_past_the_files_end_is_known_cut_without_reading_the_rest(tmp_path, on_corrupt):
+  """A record header whose length (its checksum valid) runs past a plain file's end was read to the file's end
+  before it was called cut: 300 MB after it took 768 MB of memory, and a tail bigger than memory ended in
+  "did not fit in memory". The file's size says it at once; the error, and skip mode's scan, are unchanged."""
+  import struct  # pylint: disable=g-import-not-at-top
+  from converter.tfrecord import TFRecordReader  # pylint: disable=g-import-not-at-top
+  head = struct.pack("<Q", 50 << 30)
+  header = head + struct.pack("<I", ft._masked_crc(head))  # pylint: disable=protected-access
+  paths = []
+  for name, tail in (("warm-up", 100), ("h", 64 << 20)):
+    paths.append(ft.write_tfrecords(tmp_path / f"{name}.tfrecord", [b"a", b"b"]))
+    with open(paths[-1], "ab") as f:
+      f.write(header + os.urandom(tail))
+  ft.error_of(lambda: list(TFRecordReader(paths[0])))  # What the error path imports is read once, here.
+  reader = TFRecordReader(paths[1], on_corrupt=on_corrupt)
+  start = _bytes_read()
+  if on_corrupt == "fail":
+    e = ft.error_of(lambda: list(reader))
+    assert (f"record 2 at byte offset 34 is corrupt: the file ends inside the record (header says 53687091200 "
+            f"data bytes, {64 << 20} present") in str(e), e
+    assert _bytes_read() - start < 16 << 20  # Its first chunk; the whole file before.
+  else:  # The scan for a next record still reads on, a chunk at a time.
+    assert list(reader) == [b"a", b"b"] and reader.stats.skipped == 1 and reader.stats.truncated
