@@ -305,7 +305,10 @@ def _map_and_unlink(name: str, size: int) -> memoryview:
     raise SegmentMapError(e.errno, e.strerror, SHM_DIR + path) from e
   finally:
     os.close(fd)
-  _posixshmem.shm_unlink(path)
+  try:
+    _posixshmem.shm_unlink(path)
+  except FileNotFoundError:
+    pass  # Removed by another process once mapped here: the mapping keeps the data.
   # The worker's SharedMemory registered the segment; it is gone now.
   resource_tracker.unregister(path, "shared_memory")
   return memoryview(mapping)
