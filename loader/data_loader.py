@@ -78,10 +78,10 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _another_pipeline(key: str, saved: Any, mine: str, whose: str = "DataLoader", why: str = "") -> str:
-    """The refusal of a state saved by another pipeline; Grain's sentence first (clients match it, e.g.
-    assertRaisesRegex on "DataSource in checkpoint")."""
-    return (f"{_GRAIN_MISMATCH_WORDS.get(key, '')}{whose} state is for another pipeline: {key} {saved!r} != this "
-            f"DataLoader's {mine}{why}; restore it into the DataLoader that saved it, or start a fresh iterator.")
+  """The refusal of a state saved by another pipeline; Grain's sentence first (clients match it, e.g.
+  assertRaisesRegex on "DataSource in checkpoint")."""
+  return (f"{_GRAIN_MISMATCH_WORDS.get(key, '')}{whose} state is for another pipeline: {key} {saved!r} != this "
+          f"DataLoader's {mine}{why}; restore it into the DataLoader that saved it, or start a fresh iterator.")
 
 
 def _stable_repr(obj: Any) -> str:

@@ -74,12 +74,14 @@ def _libc() -> Any:
 
 def _thread_stack_bytes(libc: Any) -> int:
   """The stack a new thread gets (pthread's default: RLIMIT_STACK when the process started)."""
-  if libc is not None:
+  if libc is not None and hasattr(libc, "pthread_getattr_default_np"):  # glibc 2.18+.
     import ctypes  # pylint: disable=g-import-not-at-top
-    attr, size = ctypes.create_string_buffer(256), ctypes.c_size_t()
-    if libc.pthread_getattr_default_np(attr) == 0 and libc.pthread_attr_getstacksize(attr, ctypes.byref(size)) == 0:
+    attr, size = ctypes.create_string_buffer(256), ctypes.c_size_t()  # Room for any pthread_attr_t.
+    if libc.pthread_getattr_default_np(attr) == 0:
+      ok = libc.pthread_attr_getstacksize(attr, ctypes.byref(size)) == 0
       libc.pthread_attr_destroy(attr)
-      return size.value
+      if ok:
+        return size.value
   soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
   return soft if soft != resource.RLIM_INFINITY else 8 << 20
 
@@ -116,6 +118,6 @@ def fit_reader_threads(path: str = "") -> None:
           f"Raise `ulimit -v` to at least {need >> 10:,} KiB (or `ulimit -v unlimited`), or start Python under a "
           "smaller `ulimit -s` (each thread's stack).")
     arenas = 1 + room // _ARENA_RESERVE  # The main arena and the new ones that fit.
-    if libc is not None and arenas < _arena_cap():
+    if libc is not None and hasattr(libc, "mallopt") and arenas < _arena_cap():
       libc.mallopt(_M_ARENA_MAX, int(arenas))
   _checked_pid = os.getpid()
