@@ -4,11 +4,13 @@ The first ArrayRecordReader a process opens starts array_record's process-wide
 pool of 64 threads (ArrayRecordGlobalPool; its size is a C++ flag that Python
 cannot set). Under an address-space limit (`ulimit -v`, RLIMIT_AS) a thread
 whose stack, or the malloc arena it then creates, does not fit cannot start,
-and array_record waits for it for ever: no error, no exit. `reader_class()`
-checks the room first: it caps glibc's malloc arenas at what fits beside the
-threads' stacks (arenas beyond the cap are shared, never a failure), and where
-even the stacks do not fit raises `ReaderThreadsError` in one line saying what
-limit to set. Without a limit it changes nothing.
+and array_record waits for it for ever: no error, no exit; the same under a
+container's process limit (cgroup pids.max) too small for 64 more threads.
+`reader_class()` checks the room first: it caps glibc's malloc arenas at what
+fits beside the threads' stacks (arenas beyond the cap are shared, never a
+failure), and where the stacks or threads do not fit raises
+`ReaderThreadsError` in one line saying what limit to set. Without a limit it
+changes nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ POOL_THREADS = 64  # array_record's array_record_global_pool_size default.
 _ARENA_RESERVE = 128 << 20
 _MARGIN = 64 << 20  # Eigen's queues, thread-local data, the reader's own buffers.
 _M_ARENA_MAX = -8  # mallopt's parameter number (glibc's malloc.h).
+_TASK_MARGIN = 8  # Threads the process may still start besides the pool's (Python's, the loader's).
 
 _checked_pid: int | None = None
 
@@ -98,11 +101,53 @@ def _arena_cap() -> int:
   return 8 * (os.cpu_count() or 1)
 
 
+def _task_room(cgroup: str = "/proc/self/cgroup", mounts: str = "/sys/fs/cgroup") -> tuple[int, int, str] | None:
+  """(tasks that may still start, the limit, its cgroup file) under the tightest cgroup pids limit of this
+  process and its ancestors (a container's `--pids-limit`), or None without one."""
+  tightest = None
+  try:
+    with open(cgroup, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return None
+  for line in lines:
+    _, controllers, path = line.split(":", 2)
+    if controllers == "":  # cgroup v2
+      root = mounts
+    elif "pids" in controllers.split(","):  # cgroup v1
+      root = mounts + "/pids"
+    else:
+      continue
+    while True:
+      folder = root + path.rstrip("/")
+      try:
+        with open(folder + "/pids.max", encoding="ascii") as f:
+          limit = f.read().strip()
+        with open(folder + "/pids.current", encoding="ascii") as f:
+          current = int(f.read())
+        if limit != "max" and (tightest is None or int(limit) - current < tightest[0]):
+          tightest = (int(limit) - current, int(limit), folder + "/pids.max")
+      except (OSError, ValueError):
+        pass
+      if path in ("", "/"):
+        break
+      path = path.rsplit("/", 1)[0] or "/"
+  return tightest
+
+
 def fit_reader_threads(path: str = "") -> None:
   """Makes room for array_record's reading threads under `ulimit -v`, or raises ReaderThreadsError; once per process."""
   global _checked_pid
   if _checked_pid == os.getpid():
     return
+  tasks = _task_room()
+  if tasks is not None and tasks[0] < POOL_THREADS + _TASK_MARGIN:
+    raise ReaderThreadsError(
+        f"{path + ': ' if path else ''}cannot open an ArrayRecord file under this container's process limit "
+        f"({tasks[2]}: {tasks[1]:,} processes and threads, {tasks[1] - tasks[0]:,} of them running): "
+        f"array_record starts {POOL_THREADS} reading threads in each process that reads and would wait for ever "
+        f"for those that cannot start. Raise the limit (docker --pids-limit, Kubernetes podPidsLimit) by at least "
+        f"{POOL_THREADS + _TASK_MARGIN - tasks[0]:,}, or run fewer worker processes.")
   limit = _limit()
   used = _address_space_in_use() if limit != resource.RLIM_INFINITY else None
   if used is not None:

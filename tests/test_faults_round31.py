@@ -22,6 +22,9 @@ set is never raised), so the same script now reads with 900 MiB to spare; where 
 raises ReaderThreadsError (a MemoryError) in one line naming the file, the limit, the memory in use and the limit
 to set. The CLIs print that line (exit 1), and nothing is changed.
 
+The same hang under a container's process limit (cgroup pids.max, `docker --pids-limit 40`): now the same kind of
+one-line error, naming the cgroup file, the limit and what runs.
+
 Also in this round: a TFRecord header whose length (its checksum valid) runs past a plain file's end was read
 to the file's end before the record was called cut (300 MB of tail: 768 MB of memory; a tail bigger than
 memory: "did not fit in memory" instead of "truncated"). The file's size now says so at once.
@@ -173,3 +176,30 @@ def test_a_length_past_the_files_end_is_known_cut_without_reading_the_rest(tmp_p
     assert _bytes_read() - start < 16 << 20  # Its first chunk; the whole file before.
   else:  # The scan for a next record still reads on, a chunk at a time.
     assert list(reader) == [b"a", b"b"] and reader.stats.skipped == 1 and reader.stats.truncated
+
+
+def _cgroup_tree(tmp_path, layout: str, limits: dict[str, tuple[str, int]]) -> tuple[str, str]:
+  """A /proc/self/cgroup and a cgroup mount with pids.max / pids.current per folder, as the kernel shows them."""
+  mounts = tmp_path / "sys"
+  for folder, (limit, current) in limits.items():
+    d = mounts / ("pids" if layout == "v1" else "") / folder.strip("/")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "pids.max").write_text(limit + "\n")
+    (d / "pids.current").write_text(f"{current}\n")
+  leaf = max(limits, key=len)
+  (tmp_path / "cgroup").write_text("4:memory:/x\n8:pids:" + leaf + "\n" if layout == "v1" else "0::" + leaf + "\n")
+  return str(tmp_path / "cgroup"), str(mounts)
+
+
+@pytest.mark.parametrize("layout", ["v1", "v2"])
+def test_a_containers_process_limit_is_read_from_the_tightest_cgroup_of_the_process(tmp_path, layout):
+  """Under a container's pids limit (docker --pids-limit 40) a training script hung the same way at its first
+  read (64 threads that cannot start; seen with a real cgroup v1 pids.max of 40, killed after 30 s; with 90 it
+  reads). The limit is read from /proc/self/cgroup's cgroups, the tightest of the process's and its parents'."""
+  cgroup, mounts = _cgroup_tree(tmp_path, layout, {"/": ("max", 900), "/pod": ("1000", 300), "/pod/c": ("400", 5)})
+  assert reader_threads._task_room(cgroup, mounts) == (  # pylint: disable=protected-access
+      395, 400, f"{mounts}{'/pids' if layout == 'v1' else ''}/pod/c/pids.max")
+  cgroup, mounts = _cgroup_tree(tmp_path / "b", layout, {"/": ("max", 900), "/pod": ("1000", 990), "/pod/c": ("max", 5)})
+  assert reader_threads._task_room(cgroup, mounts)[:2] == (10, 1000)  # pylint: disable=protected-access
+  cgroup, mounts = _cgroup_tree(tmp_path / "c", layout, {"/": ("max", 900), "/pod": ("max", 5)})
+  assert reader_threads._task_room(cgroup, mounts) is None  # pylint: disable=protected-access
