@@ -135,10 +135,22 @@ def _task_room(cgroup: str = "/proc/self/cgroup", mounts: str = "/sys/fs/cgroup"
   return tightest
 
 
+def _threads_running() -> int:
+  try:
+    return len(os.listdir("/proc/self/task"))
+  except OSError:
+    return 0
+
+
 def fit_reader_threads(path: str = "") -> None:
   """Makes room for array_record's reading threads under `ulimit -v`, or raises ReaderThreadsError; once per process."""
   global _checked_pid
   if _checked_pid == os.getpid():
+    return
+  if _threads_running() > POOL_THREADS:
+    # The pool may run already (a reader opened outside loader, by TFDS say): nothing is left to fit, and
+    # a refusal here would stop a process that reads.
+    _checked_pid = os.getpid()
     return
   tasks = _task_room()
   if tasks is not None and tasks[0] < POOL_THREADS + _TASK_MARGIN:

@@ -105,6 +105,27 @@ def test_the_loader_reads_under_a_tight_address_space_limit_or_says_what_limit_t
   assert outcomes[stacks + 400] == {"records": 2000} or outcomes[stacks + 400]["error"] == "ReaderThreadsError"
 
 
+_READ_AFTER_THE_POOL_STARTED = textwrap.dedent("""
+    import json, resource, sys
+    from array_record.python.array_record_module import ArrayRecordReader
+    import loader
+    paths = sys.argv[1:]
+    ArrayRecordReader(paths[0]).num_records()  # The pool starts here (a reader opened outside loader).
+    used = next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (used + (400 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+    ds = loader.MapDataset.source(loader.sources.ArrayRecordDataSource(paths)).shuffle(seed=0).batch(100)
+    print(json.dumps({"records": sum(len(b) for b in ds.to_iter_dataset())}))
+""")
+
+
+def test_a_process_whose_reading_threads_run_already_is_not_refused(tmp_path):
+  """Room for the threads is checked only before they may have started: a limit that leaves no room for
+  another 64 threads' stacks, set once they run, must not stop a process that reads."""
+  paths = loader_testing.write_array_records(tmp_path, 2, 1000)
+  r = _run(_READ_AFTER_THE_POOL_STARTED, *paths)
+  assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1]) == {"records": 2000}, r.stderr
+
+
 def _converted(tmp_path) -> tuple[str, str]:
   inp, out = tmp_path / "in", tmp_path / "out"
   inp.mkdir()
