@@ -9,7 +9,9 @@ container's process limit (cgroup pids.max) too small for 64 more threads.
 `reader_class()` checks the room first: it caps glibc's malloc arenas at what
 fits beside the threads' stacks (arenas beyond the cap are shared, never a
 failure), and where the stacks or threads do not fit raises
-`ReaderThreadsError` in one line saying what limit to set. Without a limit it
+`ReaderThreadsError` in one line saying what limit to set. The same hang
+comes from a user's process limit (`ulimit -u`, RLIMIT_NPROC: it counts every
+thread of every process of the user), checked as well. Without a limit it
 changes nothing.
 """
 
@@ -135,6 +137,46 @@ def _task_room(cgroup: str = "/proc/self/cgroup", mounts: str = "/sys/fs/cgroup"
   return tightest
 
 
+def _tasks_running_total() -> int | None:
+  """Threads running on the whole machine (as this process sees it), from /proc/loadavg: cheap."""
+  try:
+    with open("/proc/loadavg", encoding="ascii") as f:
+      return int(f.read().split()[3].split("/")[1])
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def _user_tasks(uid: int, proc: str = "/proc") -> int:
+  """Threads of every process whose real user is `uid` (what RLIMIT_NPROC counts)."""
+  count = 0
+  for entry in os.listdir(proc):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"{proc}/{entry}/status", encoding="utf-8") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+      if int(fields["Uid"].split()[0]) == uid:
+        count += int(fields["Threads"])
+    except (OSError, ValueError, KeyError, IndexError):
+      pass  # Gone meanwhile, or not ours to read.
+  return count
+
+
+def _user_task_room() -> tuple[int, int] | None:
+  """(threads this user may still start, its RLIMIT_NPROC) under a finite `ulimit -u`, or None.
+
+  Root is exempt from the limit. The machine-wide count bounds the user's: the
+  scan of /proc runs only when that bound leaves too little room.
+  """
+  limit = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+  if limit == resource.RLIM_INFINITY or os.geteuid() == 0:
+    return None
+  total = _tasks_running_total()
+  if total is not None and limit - total >= POOL_THREADS + _TASK_MARGIN:
+    return None
+  return limit - _user_tasks(os.getuid()), limit
+
+
 def _threads_running() -> int:
   try:
     return len(os.listdir("/proc/self/task"))
@@ -160,6 +202,14 @@ def fit_reader_threads(path: str = "") -> None:
         f"array_record starts {POOL_THREADS} reading threads in each process that reads and would wait for ever "
         f"for those that cannot start. Raise the limit (docker --pids-limit, Kubernetes podPidsLimit) by at least "
         f"{POOL_THREADS + _TASK_MARGIN - tasks[0]:,}, or run fewer worker processes.")
+  tasks = _user_task_room()
+  if tasks is not None and tasks[0] < POOL_THREADS + _TASK_MARGIN:
+    raise ReaderThreadsError(
+        f"{path + ': ' if path else ''}cannot open an ArrayRecord file under this user's process limit "
+        f"(`ulimit -u` {tasks[1]:,} processes and threads, {tasks[1] - tasks[0]:,} of them running as this user): "
+        f"array_record starts {POOL_THREADS} reading threads in each process that reads and would wait for ever "
+        f"for those that cannot start. Raise `ulimit -u` by at least {POOL_THREADS + _TASK_MARGIN - tasks[0]:,} "
+        "(nproc in /etc/security/limits.conf), or run fewer worker processes.")
   limit = _limit()
   used = _address_space_in_use() if limit != resource.RLIM_INFINITY else None
   if used is not None:

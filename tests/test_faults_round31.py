@@ -23,7 +23,9 @@ raises ReaderThreadsError (a MemoryError) in one line naming the file, the limit
 to set. The CLIs print that line (exit 1), and nothing is changed.
 
 The same hang under a container's process limit (cgroup pids.max, `docker --pids-limit 40`): now the same kind of
-one-line error, naming the cgroup file, the limit and what runs.
+one-line error, naming the cgroup file, the limit and what runs. And under a user's process limit (`ulimit -u`,
+RLIMIT_NPROC, which counts every thread of the user's processes; root is exempt): as `nobody` with a limit of 60
+the first read hung (killed after 10 s); now the same kind of line says by how much to raise `ulimit -u`.
 
 Also in this round: a TFRecord header whose length (its checksum valid) runs past a plain file's end was read
 to the file's end before the record was called cut (300 MB of tail: 768 MB of memory; a tail bigger than
@@ -34,8 +36,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -224,3 +228,59 @@ def test_a_containers_process_limit_is_read_from_the_tightest_cgroup_of_the_proc
   assert reader_threads._task_room(cgroup, mounts)[:2] == (10, 1000)  # pylint: disable=protected-access
   cgroup, mounts = _cgroup_tree(tmp_path / "c", layout, {"/": ("max", 900), "/pod": ("max", 5)})
   assert reader_threads._task_room(cgroup, mounts) is None  # pylint: disable=protected-access
+
+
+# A training script's first read as a user whose `ulimit -u` leaves `room` more threads than the user runs.
+# Root is exempt from the limit, so as root the script first becomes `nobody` (what it reads is imported before:
+# root's Python may not be readable by nobody).
+_READ_UNDER_NPROC = textwrap.dedent("""
+    import encodings.ascii, encodings.utf_8, concurrent.futures.thread, json, os, resource, sys
+    from array_record.python import array_record_module
+    import loader
+    from loader import reader_threads
+    paths, room = sys.argv[1:-1], int(sys.argv[-1])
+    if os.geteuid() == 0:
+      os.setgid(65534)
+      os.setuid(65534)
+    limit = reader_threads._user_tasks(os.getuid()) + room
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit, resource.getrlimit(resource.RLIMIT_NPROC)[1]))
+    try:
+      source = loader.ArrayRecordSource(paths)
+      print(json.dumps({"records": len(source), "last": source[len(source) - 1].hex()}))
+    except MemoryError as e:
+      print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+""")
+
+
+def test_a_users_process_limit_too_small_for_the_reading_threads_is_said_in_one_line(tmp_path):
+  """Under `ulimit -u` (RLIMIT_NPROC, counting every thread of the user's processes) with room for fewer than
+  the pool's 64 threads, the first read hung the same way (seen as `nobody` with a limit of 60, killed after
+  10 s; 100 reads). Now: the one-line error saying by how much to raise `ulimit -u`; with room, it reads."""
+  folder = tempfile.mkdtemp(prefix="nproc-")  # Readable by `nobody`, unlike pytest's folders of root.
+  try:
+    os.chmod(folder, 0o755)
+    paths = loader_testing.write_array_records(folder, 2, 50)
+    for p in paths:
+      os.chmod(p, 0o644)
+    refused, read = (json.loads(_run(_READ_UNDER_NPROC, *paths, str(room), timeout=60).stdout.splitlines()[-1])
+                     for room in (30, 200))
+  finally:
+    shutil.rmtree(folder, ignore_errors=True)
+  assert read == {"records": 100, "last": loader_testing.record_bytes(99, 24).hex()}, read
+  assert refused["error"] == "ReaderThreadsError", refused
+  message = refused["message"]
+  assert "\n" not in message and message.startswith(f"{paths[0]}: cannot open an ArrayRecord file under this "
+                                                     "user's process limit (`ulimit -u` "), message
+  assert "Raise `ulimit -u` by at least " in message, message
+
+
+def test_the_users_threads_are_counted_from_proc(tmp_path):
+  """RLIMIT_NPROC counts the threads of every process of the real user: the scan adds up `Threads` of the
+  processes whose real uid (the first of `Uid`) is the user's, and passes over entries it cannot read."""
+  for pid, uid, threads in ((10, 1000, 3), (11, 1000, 64), (12, 0, 9), (13, 1001, 2)):
+    (tmp_path / str(pid)).mkdir()
+    (tmp_path / str(pid) / "status").write_text(f"Name:\tx\nUid:\t{uid}\t0\t{uid}\t{uid}\nThreads:\t{threads}\n")
+  (tmp_path / "14").mkdir()  # A process gone between the listing and the read.
+  (tmp_path / "self").mkdir()
+  assert reader_threads._user_tasks(1000, str(tmp_path)) == 67  # pylint: disable=protected-access
+  assert reader_threads._user_tasks(0, str(tmp_path)) == 9  # pylint: disable=protected-access
