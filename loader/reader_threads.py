@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import resource
+import warnings
 from typing import Any
 
 POOL_THREADS = 64  # array_record's array_record_global_pool_size default.
@@ -33,6 +34,10 @@ _checked_pid: int | None = None
 
 class ReaderThreadsError(MemoryError):
   """array_record's reading threads cannot start under this process's address-space limit."""
+
+
+class ForkedReaderWarning(RuntimeWarning):
+  """ArrayRecord files opened in a process forked from one that had read some: reads may crash or hang."""
 
 
 def reader_class(path: str = "") -> Any:
@@ -189,6 +194,15 @@ def fit_reader_threads(path: str = "") -> None:
   global _checked_pid
   if _checked_pid == os.getpid():
     return
+  if _checked_pid is not None:
+    # Seen: 29 of 30 such children crashed (SIGSEGV in abseil's Mutex under riegeli's BackgroundCleaner) or
+    # hung when they opened a file in a thread, Grain's source alike; more rarely in the main thread too.
+    warnings.warn(
+        f"{path + ': ' if path else ''}this process (pid {os.getpid()}) was forked from process {_checked_pid} "
+        "after that one had read ArrayRecord files; array_record's background threads and locks do not survive "
+        "fork(), and reading here may crash (SIGSEGV) or hang. Start such processes with multiprocessing's "
+        "'spawn' or 'forkserver' method (multiprocessing.set_start_method('spawn'); loader's own workers are "
+        "spawned), or fork before the first read.", ForkedReaderWarning, stacklevel=3)
   if _threads_running() > POOL_THREADS:
     # The pool may run already (a reader opened outside loader, by TFDS say): nothing is left to fit, and
     # a refusal here would stop a process that reads.
