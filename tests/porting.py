@@ -137,6 +137,29 @@ def restore_at_every_step(make, same_after_end=True):
   return reference, out
 """
 
+# Snippet text: Grain's assert_equal_output_after_checkpoint, asserted inside the
+# snippet on each library with its own states: the state before every element
+# (and at the end) of one iterator, restored on a fresh iterator (a preemption)
+# and on the same one after it ran to the end, gives the rest again. Returns
+# the stream. Needs `numpy as np` in the snippet.
+RESTORE_AT_EVERY_STEP_ASSERTED = """
+def restore_at_every_step(make):
+  reference = list(make())
+  it = iter(make())
+  states = []
+  for expected in reference:
+    states.append(it.get_state())
+    np.testing.assert_equal(next(it), expected)
+  states.append(it.get_state())
+  for k, state in enumerate(states):
+    fresh = iter(make())
+    fresh.set_state(state)
+    np.testing.assert_equal(list(fresh), reference[k:])
+    it.set_state(state)
+    np.testing.assert_equal(list(it), reference[k:])
+  return reference
+"""
+
 TRANSFORMATIONS_PAGE_CLASSES = """
 class PlusOne(grain.transforms.Map):
 

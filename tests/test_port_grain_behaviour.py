@@ -358,22 +358,7 @@ def test_shuffle_seed_and_random_map_properties_hold_like_grain():
 
 # ---- Checkpoint at every step (Grain's assert_equal_output_after_checkpoint) --
 
-CHECKPOINT_EVERY_STEP = DATASET_HEAD + """
-def restore_at_every_step(make):
-  reference = list(make())
-  for k in range(len(reference) + 1):
-    it = iter(make())
-    for _ in range(k):
-      next(it)
-    state = it.get_state()
-    rest = list(it)
-    np.testing.assert_equal(rest, reference[k:])
-    fresh = iter(make())
-    fresh.set_state(state)  # A new iterator, as after a preemption.
-    np.testing.assert_equal(list(fresh), reference[k:])
-    it.set_state(state)  # The same iterator, after it ran to the end.
-    np.testing.assert_equal(list(it), reference[k:])
-  return reference
+CHECKPOINT_EVERY_STEP = DATASET_HEAD + porting.RESTORE_AT_EVERY_STEP_ASSERTED + """
 
 
 numeric = restore_at_every_step(

@@ -42,22 +42,7 @@ def catch(fn, pattern=None):
     return [kind.__name__, None if pattern is None else bool(re.search(pattern, str(e)))]
 
 
-def restore_at_every_step(make):
-  '''Grain's assert_equal_output_after_checkpoint, returning the stream (checked on each library).'''
-  reference = list(make())
-  it = iter(make())
-  states = []
-  for _ in range(len(reference)):
-    states.append(it.get_state())
-    next(it)
-  states.append(it.get_state())
-  for k, state in enumerate(states):
-    fresh = iter(make())
-    fresh.set_state(state)
-    np.testing.assert_equal(list(fresh), reference[k:])
-    it.set_state(state)  # The same iterator, after it ran to the end.
-    np.testing.assert_equal(list(it), reference[k:])
-  return reference
+""" + porting.RESTORE_AT_EVERY_STEP_ASSERTED + """
 
 
 def after_checkpoint(ds):
