@@ -189,6 +189,14 @@ def _threads_running() -> int:
     return 0
 
 
+def _too_few_tasks(path: str, room: int, limit: str, what_to_raise: str) -> ReaderThreadsError:
+  return ReaderThreadsError(
+      f"{path + ': ' if path else ''}cannot open an ArrayRecord file under {limit}: array_record starts "
+      f"{POOL_THREADS} reading threads in each process that reads and would wait for ever for those that cannot "
+      f"start. Raise {what_to_raise} by at least {POOL_THREADS + _TASK_MARGIN - room:,}, or run fewer worker "
+      "processes.")
+
+
 def fit_reader_threads(path: str = "") -> None:
   """Makes room for array_record's reading threads under `ulimit -v`, or raises ReaderThreadsError; once per process."""
   global _checked_pid
@@ -210,20 +218,14 @@ def fit_reader_threads(path: str = "") -> None:
     return
   tasks = _task_room()
   if tasks is not None and tasks[0] < POOL_THREADS + _TASK_MARGIN:
-    raise ReaderThreadsError(
-        f"{path + ': ' if path else ''}cannot open an ArrayRecord file under this container's process limit "
-        f"({tasks[2]}: {tasks[1]:,} processes and threads, {tasks[1] - tasks[0]:,} of them running): "
-        f"array_record starts {POOL_THREADS} reading threads in each process that reads and would wait for ever "
-        f"for those that cannot start. Raise the limit (docker --pids-limit, Kubernetes podPidsLimit) by at least "
-        f"{POOL_THREADS + _TASK_MARGIN - tasks[0]:,}, or run fewer worker processes.")
+    raise _too_few_tasks(path, tasks[0], f"this container's process limit ({tasks[2]}: {tasks[1]:,} processes and "
+                         f"threads, {tasks[1] - tasks[0]:,} of them running)",
+                         "the limit (docker --pids-limit, Kubernetes podPidsLimit)")
   tasks = _user_task_room()
   if tasks is not None and tasks[0] < POOL_THREADS + _TASK_MARGIN:
-    raise ReaderThreadsError(
-        f"{path + ': ' if path else ''}cannot open an ArrayRecord file under this user's process limit "
-        f"(`ulimit -u` {tasks[1]:,} processes and threads, {tasks[1] - tasks[0]:,} of them running as this user): "
-        f"array_record starts {POOL_THREADS} reading threads in each process that reads and would wait for ever "
-        f"for those that cannot start. Raise `ulimit -u` by at least {POOL_THREADS + _TASK_MARGIN - tasks[0]:,} "
-        "(nproc in /etc/security/limits.conf), or run fewer worker processes.")
+    raise _too_few_tasks(path, tasks[0], f"this user's process limit (`ulimit -u` {tasks[1]:,} processes and "
+                         f"threads, {tasks[1] - tasks[0]:,} of them running as this user)",
+                         "`ulimit -u` (nproc in /etc/security/limits.conf)")
   limit = _limit()
   used = _address_space_in_use() if limit != resource.RLIM_INFINITY else None
   if used is not None:

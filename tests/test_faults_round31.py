@@ -273,7 +273,7 @@ def test_a_users_process_limit_too_small_for_the_reading_threads_is_said_in_one_
   message = refused["message"]
   assert "\n" not in message and message.startswith(f"{paths[0]}: cannot open an ArrayRecord file under this "
                                                      "user's process limit (`ulimit -u` "), message
-  assert "Raise `ulimit -u` by at least " in message, message
+  assert "Raise `ulimit -u` (nproc in /etc/security/limits.conf) by at least " in message, message
 
 
 def test_the_users_threads_are_counted_from_proc(tmp_path):
