@@ -31,6 +31,31 @@ def _depth() -> int:
   return getattr(_local, "depth", 0)
 
 
+class StopRequested(BaseException):
+  """Raised inside a prefetch thread's `next(parent)` once its iterator was closed or dropped.
+
+  A BaseException, so that a user's `except Exception` in a custom iterator does not swallow it.
+  """
+
+
+def stop_this_thread_on(event: threading.Event) -> None:
+  """Makes `raise_if_stop_requested` in this thread raise StopRequested once `event` is set."""
+  _local.stop = event
+
+
+def stop_requestable() -> bool:
+  """Whether this thread is a prefetch thread that may be asked to stop."""
+  return getattr(_local, "stop", None) is not None
+
+
+def raise_if_stop_requested() -> None:
+  """Lets a prefetch thread leave a search that may not end (a filter dropping every element of a repeated
+  dataset): called once per chunk or dropped element, never per element handed out."""
+  stop = getattr(_local, "stop", None)
+  if stop is not None and stop.is_set():
+    raise StopRequested
+
+
 def restoring_foreign_state() -> bool:
   """True inside a `set_state` of a state that Grain (not loader) wrote."""
   return getattr(_local, "foreign", False)

@@ -717,6 +717,7 @@ class MapDatasetIterator(dataset_iterator.DatasetIterator[T]):
       self._check_not_forked()
     while True:
       if self._pos >= len(self._buffer):
+        dataset_iterator.raise_if_stop_requested()
         # Worker pools lock their reads (see mp_prefetch): held over the
         # refill, two threads calling next() cannot both take a new chunk
         # and drop one of them. Once per chunk, never per element.

@@ -129,6 +129,7 @@ class _FilterIterator(_ParentPositionIterator[T]):
       self._ratio_check.check(bool(keep))
       if keep:
         return x
+      dataset_iterator.raise_if_stop_requested()
 
 
 class BatchIterDataset(SequentialIterDataset[S]):
@@ -267,12 +268,16 @@ def _prefetch_loop(parent: DatasetIterator, out: queue.Queue, stop: threading.Ev
         continue
     return False
 
+  # A closed or dropped iterator's thread also leaves a `next(parent)` that searches on without end.
+  dataset_iterator.stop_this_thread_on(stop)
   try:
     while not stop.is_set():
       try:
         x = next(parent)
       except StopIteration:
         put(_END)
+        return
+      except dataset_iterator.StopRequested:
         return
       # A copy: a custom parent's state may hold containers it goes on
       # changing while this thread runs ahead (Grain copies every state).
@@ -327,7 +332,10 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
       self._start()
     else:
       engine.check_same_process(self._pid)  # A forked child has no such thread: it would wait forever.
-    item = self._queue.get()
+    if dataset_iterator.stop_requestable():  # Under another prefetch thread, which must be able to leave.
+      item = self._get_until_stop_requested()
+    else:
+      item = self._queue.get()
     if item is _END:
       self._done = True
       self._halt()
@@ -342,6 +350,13 @@ class _ThreadPrefetchIterator(DatasetIterator[T]):
       raise item.error
     x, self._state = item
     return x
+
+  def _get_until_stop_requested(self) -> Any:
+    while True:
+      try:
+        return self._queue.get(timeout=0.1)
+      except queue.Empty:
+        dataset_iterator.raise_if_stop_requested()
 
   def start_prefetch(self) -> None:
     self._assert_not_closed()  # Grain's ValueError.
