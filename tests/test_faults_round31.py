@@ -79,10 +79,10 @@ _READ_WITH_ROOM = textwrap.dedent("""
 """)
 
 
-def _run(source: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(source: str, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
   try:
-    return subprocess.run([sys.executable, "-c", source, *args], cwd=ft.REPO, env=ft.env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-c", source, *args], cwd=ft.REPO, env={**ft.env(), **env},
+                          capture_output=True, text=True, timeout=timeout)
   except subprocess.TimeoutExpired:
     pytest.fail(f"hung: no answer in {timeout} s (array_record waiting for reading threads that cannot start?)")
 
@@ -128,7 +128,9 @@ def test_a_process_whose_reading_threads_run_already_is_not_refused(tmp_path):
   """Room for the threads is checked only before they may have started: a limit that leaves no room for
   another 64 threads' stacks, set once they run, must not stop a process that reads."""
   paths = loader_testing.write_array_records(tmp_path, 2, 1000)
-  r = _run(_READ_AFTER_THE_POOL_STARTED, *paths)
+  # Few malloc arenas: the source's own counting threads each took a new one (up to 128 MiB of address space)
+  # and now and then one could not start in the 400 MiB left ("can't start new thread", 2 runs in 10).
+  r = _run(_READ_AFTER_THE_POOL_STARTED, *paths, MALLOC_ARENA_MAX="2")
   assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1]) == {"records": 2000}, r.stderr
 
 

@@ -27,15 +27,16 @@ import loader
 pytestmark = pytest.mark.timeout(120)
 
 
-def _loader_threads() -> list[str]:
-  return [t.name for t in threading.enumerate() if t.name.startswith("loader-")]
+def _new_threads(before: set[threading.Thread]) -> list[str]:
+  return [t.name for t in threading.enumerate() if t not in before]
 
 
-def _gone_soon(seconds: float = 5.0) -> list[str]:
+def _gone_soon(before: set[threading.Thread], seconds: float = 5.0) -> list[str]:
+  """Threads started since `before` (earlier tests' idle threads may still be there) still running."""
   deadline = time.monotonic() + seconds
-  while _loader_threads() and time.monotonic() < deadline:
+  while _new_threads(before) and time.monotonic() < deadline:
     time.sleep(0.02)
-  return _loader_threads()
+  return _new_threads(before)
 
 
 def _within(fn, seconds: float = 10.0) -> None:
@@ -64,12 +65,12 @@ def _searching(kind: str) -> loader.IterDataset:
 
 @pytest.mark.parametrize("kind", ["map filter", "iter filter", "nested prefetch"])
 def test_close_set_state_and_drop_stop_a_prefetch_thread_that_searches_without_end(kind):
-  assert _gone_soon() == []
+  before = set(threading.enumerate())
   ds = _searching(kind)
   it = iter(ds)
   assert [next(it) for _ in range(3)] == [0, 1, 2]
   _within(it.close)
-  assert _gone_soon() == []
+  assert _gone_soon(before) == []
 
   it = iter(ds)
   assert [next(it) for _ in range(2)] == [0, 1]
@@ -80,4 +81,4 @@ def test_close_set_state_and_drop_stop_a_prefetch_thread_that_searches_without_e
 
   del it
   gc.collect()
-  assert _gone_soon() == []
+  assert _gone_soon(before) == []
