@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+import faults_testing as ft
 import loader
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,12 +32,9 @@ def _new_threads(before: set[threading.Thread]) -> list[str]:
   return [t.name for t in threading.enumerate() if t not in before]
 
 
-def _gone_soon(before: set[threading.Thread], seconds: float = 5.0) -> list[str]:
-  """Threads started since `before` (earlier tests' idle threads may still be there) still running."""
-  deadline = time.monotonic() + seconds
-  while _new_threads(before) and time.monotonic() < deadline:
-    time.sleep(0.02)
-  return _new_threads(before)
+def _all_gone_soon(before: set[threading.Thread]) -> None:
+  """Every thread started since `before` ends within 5 s (earlier tests' idle threads may still be there)."""
+  ft.wait_for(lambda: not _new_threads(before), timeout=5, what="the threads the iterator started to end")
 
 
 def _within(fn, seconds: float = 10.0) -> None:
@@ -70,7 +68,7 @@ def test_close_set_state_and_drop_stop_a_prefetch_thread_that_searches_without_e
   it = iter(ds)
   assert [next(it) for _ in range(3)] == [0, 1, 2]
   _within(it.close)
-  assert _gone_soon(before) == []
+  _all_gone_soon(before)
 
   it = iter(ds)
   assert [next(it) for _ in range(2)] == [0, 1]
@@ -81,4 +79,4 @@ def test_close_set_state_and_drop_stop_a_prefetch_thread_that_searches_without_e
 
   del it
   gc.collect()
-  assert _gone_soon(before) == []
+  _all_gone_soon(before)
