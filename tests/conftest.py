@@ -7,6 +7,7 @@ import gc
 import os
 import re
 import sys
+import tempfile
 
 import pytest
 
@@ -52,6 +53,21 @@ def _freeze_what_earlier_modules_left():
   gc.collect()
   gc.freeze()
   yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _temp_files_under_pytests_own_folder(tmp_path_factory):
+  """In-process temporary files go under pytest's base folder, which pytest prunes (it keeps 3 runs).
+
+  Tests that run a user's own `beam.Pipeline()` on DirectRunner make Beam 2.77 start Prism's job server
+  first; offline it fails and never removes the empty `beam-temp*` folder it made: 45-66 of them in /tmp
+  per suite run. (The converter's own runs skip Prism: tests/test_migration.py checks they leave nothing.)
+  Subprocesses keep the environment's TMPDIR.
+  """
+  previous = tempfile.tempdir
+  tempfile.tempdir = str(tmp_path_factory.mktemp("tmp"))
+  yield
+  tempfile.tempdir = previous
 
 
 @functools.lru_cache(maxsize=None)
