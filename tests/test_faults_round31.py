@@ -260,7 +260,8 @@ def test_a_users_process_limit_too_small_for_the_reading_threads_is_said_in_one_
   """Under `ulimit -u` (RLIMIT_NPROC, counting every thread of the user's processes) with room for fewer than
   the pool's 64 threads, the first read hung the same way (seen as `nobody` with a limit of 60, killed after
   10 s; 100 reads). Now: the one-line error saying by how much to raise `ulimit -u`; with room, it reads."""
-  folder = tempfile.mkdtemp(prefix="nproc-")  # Readable by `nobody`, unlike pytest's folders of root.
+  # Readable by `nobody`, unlike pytest's folders of root (where conftest points `tempfile` too).
+  folder = tempfile.mkdtemp(prefix="nproc-", dir=os.environ.get("TMPDIR") or "/tmp")
   try:
     os.chmod(folder, 0o755)
     paths = loader_testing.write_array_records(folder, 2, 50)
