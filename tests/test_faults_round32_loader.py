@@ -37,17 +37,6 @@ def _all_gone_soon(before: set[threading.Thread]) -> None:
   ft.wait_for(lambda: not _new_threads(before), timeout=5, what="the threads the iterator started to end")
 
 
-def _within(fn, seconds: float = 10.0) -> None:
-  done = threading.Event()
-
-  def run():
-    fn()
-    done.set()
-
-  threading.Thread(target=run, daemon=True).start()
-  assert done.wait(seconds), f"{fn} did not return within {seconds} s"
-
-
 def _searching(kind: str) -> loader.IterDataset:
   ds = loader.MapDataset.range(10**9)
   keep_three = lambda x: x < 3  # pylint: disable=unnecessary-lambda-assignment
@@ -67,14 +56,14 @@ def test_close_set_state_and_drop_stop_a_prefetch_thread_that_searches_without_e
   ds = _searching(kind)
   it = iter(ds)
   assert [next(it) for _ in range(3)] == [0, 1, 2]
-  _within(it.close)
+  assert ft.in_time(it.close, 10) is None
   _all_gone_soon(before)
 
   it = iter(ds)
   assert [next(it) for _ in range(2)] == [0, 1]
   state = it.get_state()
   time.sleep(0.2)  # The thread is past the last element, searching.
-  _within(lambda: it.set_state(state))
+  assert ft.in_time(lambda: it.set_state(state), 10) is None
   assert next(it) == 2  # The stream is unchanged.
 
   del it
