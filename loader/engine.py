@@ -50,11 +50,24 @@ _RAMP_FACTOR = 4
 # worker round trip (~1 ms), short enough that a slow map spreads evenly over
 # workers and the next batches never wait long behind one big chunk.
 _TARGET_CHUNK_SECONDS = 0.1
-# Except in process, when a whole chunk of the record target costs at most
-# this: then records are cheap, reading dominates, and the bigger read is the
-# faster one (a 64k-record read takes ~0.2 s); a slow map keeps ~0.1 s chunks.
+# Except in process, when records are cheap: reading dominates, and the
+# bigger read is the faster one (a 64k-record read takes ~0.2 s), so a chunk
+# may take up to _FULL_CHUNK_SECONDS_IN_PROCESS. Records count as cheap while
+# a whole chunk of the record target would take at most _CHEAP_CHUNK_SECONDS
+# (~30 µs per record), well above reading alone (3-8 µs): a slower machine or
+# a stall (see _STALL_FACTOR) must not tip them into small chunks,
+# whose reads are slower. A slow map keeps ~0.1 s chunks.
 _FULL_CHUNK_SECONDS_IN_PROCESS = 0.5
+_CHEAP_CHUNK_SECONDS = 2.0
 _DECAY = 0.7  # Weight of the cost history at each new chunk.
+# A chunk that took over this many times the estimated cost is held in
+# doubt: the next chunk is sized by it, and then decides. If that one is slow
+# too, the work did get slower; if not, the process was stopped, preempted or
+# paused (GC, a checkpoint) during the slow one, which is forgotten. Folding
+# such a stall in shrank the next chunks many-fold, and smaller reads are
+# slower, which kept the estimate high: 0.70-0.75 of the raw read rate under
+# the bench's time slices, against 0.84-0.87 with full chunks.
+_STALL_FACTOR = 4.0
 MAX_CHUNK_BYTES = 64 << 20
 
 
@@ -87,7 +100,8 @@ class ChunkSizer:
   (so a small dataset still reaches every worker); in process, never fewer
   elements than the threads a chunk is split over. It starts with chunks of 1
   and 4 elements until one is measured, then ~64 records, growing 4x per
-  chunk. A fixed `chunk_size` (in source records, whatever stage a batch is
+  chunk. One chunk far slower than the estimate (a stalled process) costs one
+  small chunk after it, not a run of them (see _STALL_FACTOR). A fixed `chunk_size` (in source records, whatever stage a batch is
   on) overrides all of that. Chunk boundaries never change
   which elements are produced, so adapting them keeps iteration deterministic.
   """
@@ -111,6 +125,8 @@ class ChunkSizer:
     # files, first touches) cannot hold back the ramp for long.
     self._seconds_sum = 0.0
     self._elements_sum = 0.0
+    # A chunk held in doubt (see _STALL_FACTOR): the sums before it, and its cost per element.
+    self._doubt: tuple[tuple[float, float], float] | None = None
     self._bytes_cap: int | None = None
 
   def size(self, start: int) -> int:
@@ -127,7 +143,7 @@ class ChunkSizer:
     if self._seconds_sum > 0:
       per_element = self._seconds_sum / self._elements_sum
       seconds = _TARGET_CHUNK_SECONDS
-      if self._parallelism == 1 and self._target * per_element <= _FULL_CHUNK_SECONDS_IN_PROCESS:
+      if self._parallelism == 1 and self._target * per_element <= _CHEAP_CHUNK_SECONDS:
         seconds = _FULL_CHUNK_SECONDS_IN_PROCESS
       floor = self._split_width() if self._split_width is not None else 1
       size = min(size, max(floor, int(seconds / per_element)))
@@ -141,13 +157,27 @@ class ChunkSizer:
     """The dataset's length is now `n` (a realigned view; see loader.realign)."""
     self._len = n
 
+  def _learn(self, n: int, seconds: float) -> None:
+    """Folds a chunk of `n` elements that took `seconds` into the cost (see _STALL_FACTOR)."""
+    cost = seconds / n
+    if self._doubt is not None:
+      (seconds_sum, elements_sum), doubted = self._doubt
+      self._doubt = None
+      # Nearer (geometrically) the cost before it than the doubted one: the doubted chunk was a stall.
+      # Small chunks cost a bit more per element, so "as cheap as before" would be too strict.
+      if cost * cost < doubted * seconds_sum / elements_sum:
+        self._seconds_sum, self._elements_sum = seconds_sum, elements_sum
+    elif self._seconds_sum > 0 and cost > _STALL_FACTOR * self._seconds_sum / self._elements_sum:
+      self._doubt = ((self._seconds_sum, self._elements_sum), cost)
+    self._seconds_sum = _DECAY * self._seconds_sum + seconds
+    self._elements_sum = _DECAY * self._elements_sum + n
+
   def observe(self, elements: list[Any], seconds: float | None = None) -> None:
     """Learns element cost and size from a computed chunk."""
     if not elements:
       return
     if seconds is not None and seconds > 0:
-      self._seconds_sum = _DECAY * self._seconds_sum + seconds
-      self._elements_sum = _DECAY * self._elements_sum + len(elements)
+      self._learn(len(elements), seconds)
     if self._bytes_cap is None:
       sample = next((x for x in elements if x is not None), None)
       if sample is not None:
