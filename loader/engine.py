@@ -66,7 +66,7 @@ _DECAY = 0.7  # Weight of the cost history at each new chunk.
 # paused (GC, a checkpoint) during the slow one, which is forgotten. Folding
 # such a stall in shrank the next chunks many-fold, and smaller reads are
 # slower, which kept the estimate high: 0.70-0.75 of the raw read rate under
-# the bench's time slices, against 0.84-0.87 with full chunks.
+# the bench's time slices, against 0.84-0.91 with full chunks.
 _STALL_FACTOR = 4.0
 MAX_CHUNK_BYTES = 64 << 20
 
@@ -101,9 +101,10 @@ class ChunkSizer:
   elements than the threads a chunk is split over. It starts with chunks of 1
   and 4 elements until one is measured, then ~64 records, growing 4x per
   chunk. One chunk far slower than the estimate (a stalled process) costs one
-  small chunk after it, not a run of them (see _STALL_FACTOR). A fixed `chunk_size` (in source records, whatever stage a batch is
-  on) overrides all of that. Chunk boundaries never change
-  which elements are produced, so adapting them keeps iteration deterministic.
+  smaller chunk after it, not a run of them (see _STALL_FACTOR). A fixed
+  `chunk_size` (in source records, whatever stage a batch is on) overrides
+  all of that. Chunk boundaries never change which elements are produced, so
+  adapting them keeps iteration deterministic.
   """
 
   def __init__(self, ds: map_dataset_lib.MapDataset, fixed_records: int | None, *, parallelism: int = 1,

@@ -384,7 +384,7 @@ def test_a_stalled_chunk_costs_one_small_chunk_and_a_lasting_slowdown_is_followe
   # and when that one is cheap again the stall is forgotten: cheap records
   # go on in full chunks (smaller reads are slower, which kept the estimate
   # high: under the bench's time slices the loader read 0.70-0.75 of the raw
-  # rate, against 0.84-0.87 with full chunks). Work that stays 400x slower
+  # rate, against 0.84-0.91 with full chunks). Work that stays 400x slower
   # (0.27 s per batch) gets ~0.1 s chunks right after its first slow one.
   batches = loader.MapDataset.range(10_000_000).batch(256)
   per_batch = 256 * 2.6e-6  # Shuffled 1 KB ArrayRecord reads here.
